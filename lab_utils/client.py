@@ -1,0 +1,363 @@
+"""An async streaming load generator for OpenAI-compatible (vLLM) servers.
+
+Timing follows `vllm bench serve` (vllm/benchmarks/lib/endpoint_request_func.py):
+the clock starts just before the POST; every SSE message with `choices` is a
+chunk; the first chunk's arrival is TTFT; later gaps are ITL; E2E ends at the
+last chunk; output tokens come from the stream's `usage`. TPOT is derived in
+`lab_utils.metrics` as (E2E - TTFT) / (output tokens - 1).
+
+One `aiohttp` session (one connection pool) serves a whole run. Each finished
+request is appended to a JSONL file at once, so an interrupted run keeps what
+it measured.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import itertools
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import aiohttp
+import numpy as np
+
+
+@dataclass
+class RequestSpec:
+    """One request to send. Give `messages` (chat API) or `prompt` (completions)."""
+    messages: list[dict[str, str]] | None = None
+    prompt: str | list[int] | None = None
+    max_tokens: int = 64
+    tag: str = ""                      # workload class, e.g. "short" / "long"
+    temperature: float = 0.0
+    ignore_eos: bool = False           # vLLM extension: generate exactly max_tokens
+    priority: int | None = None        # vLLM extension (--scheduling-policy priority)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("give exactly one of messages= (chat) or prompt= (completions)")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {self.max_tokens!r}")
+
+    @property
+    def api(self) -> str:
+        return "chat" if self.messages is not None else "completions"
+
+    def payload(self, model: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": model, "stream": True, "temperature": self.temperature,
+                                "max_tokens": self.max_tokens,
+                                "stream_options": {"include_usage": True,
+                                                   "continuous_usage_stats": True}}
+        if self.api == "chat":
+            body["messages"] = self.messages
+        else:
+            body["prompt"] = self.prompt
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        if self.priority is not None:
+            body["priority"] = self.priority
+        body.update(self.extra)
+        return body
+
+
+@dataclass
+class RequestRecord:
+    """What one request did, in seconds (relative times from its send)."""
+    index: int
+    tag: str
+    label: str = ""
+    send_time: float = 0.0            # wall clock (epoch s) at send
+    start: float = 0.0                # perf_counter at send (for ordering within a run)
+    ttft: float | None = None
+    e2e: float | None = None
+    itl: list[float] = field(default_factory=list)
+    chunk_times: list[float] = field(default_factory=list)   # since send
+    chunk_tokens: list[int] = field(default_factory=list)    # cumulative output tokens
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    status: int | None = None
+    ok: bool = False
+    error: str = ""
+    text: str = ""
+    finish_reason: str | None = None
+
+    @property
+    def tpot(self) -> float | None:
+        from .metrics import tpot
+        return tpot(self.e2e, self.ttft, self.output_tokens)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["tpot"] = self.tpot
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "RequestRecord":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# --------------------------------------------------------------------------
+# Load shapes
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Load:
+    """How requests are released: in order one at a time, with a fixed number
+    in flight, at a seeded random rate (Poisson, or gamma for burstiness), or
+    at given offsets."""
+    kind: str = "sequential"
+    concurrency: int = 1
+    rate: float = math.inf
+    burstiness: float = 1.0
+    seed: int = 0
+    offsets: tuple[float, ...] = ()
+
+    @classmethod
+    def sequential(cls) -> "Load":
+        return cls("sequential", 1)
+
+    @classmethod
+    def concurrent(cls, n: int) -> "Load":
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"concurrency must be a positive int, got {n!r}")
+        return cls("concurrency", n)
+
+    @classmethod
+    def poisson(cls, rate: float, *, burstiness: float = 1.0, seed: int = 0,
+                max_concurrency: int | None = None) -> "Load":
+        """Arrivals at `rate` req/s; gamma intervals with shape `burstiness`
+        (1 = Poisson, <1 burstier), as `vllm bench serve --burstiness`."""
+        if not rate > 0:
+            raise ValueError(f"rate must be > 0 requests/s, got {rate!r}")
+        if not burstiness > 0:
+            raise ValueError(f"burstiness must be > 0, got {burstiness!r}")
+        return cls("rate", max_concurrency or 0, float(rate), float(burstiness), int(seed))
+
+    @classmethod
+    def at(cls, offsets: Sequence[float]) -> "Load":
+        """Send request i at offsets[i] seconds after the run starts."""
+        return cls("offsets", 0, offsets=tuple(float(o) for o in offsets))
+
+    def arrival_offsets(self, n: int) -> list[float] | None:
+        """Send times (s from run start) for rate/offset loads, else None."""
+        if self.kind == "offsets":
+            if len(self.offsets) < n:
+                raise ValueError(f"Load.at has {len(self.offsets)} offsets for {n} requests")
+            return list(self.offsets[:n])
+        if self.kind != "rate":
+            return None
+        if math.isinf(self.rate):
+            return [0.0] * n
+        rng = np.random.default_rng(self.seed)
+        theta = 1.0 / (self.rate * self.burstiness)
+        gaps = rng.gamma(shape=self.burstiness, scale=theta, size=n)
+        gaps[0] = 0.0  # the first request goes at once
+        return list(np.cumsum(gaps))
+
+    def describe(self) -> str:
+        if self.kind == "rate":
+            return f"rate={self.rate:g}/s burstiness={self.burstiness:g} seed={self.seed}"
+        if self.kind == "offsets":
+            return f"offsets={list(self.offsets)}"
+        return f"{self.kind} x{self.concurrency}"
+
+
+# --------------------------------------------------------------------------
+# The client
+# --------------------------------------------------------------------------
+
+def _sse_messages(buffer: bytearray) -> Iterable[str]:
+    """Pop complete SSE events (separated by a blank line) from `buffer`."""
+    while True:
+        cut = buffer.find(b"\n\n")
+        if cut < 0:
+            return
+        event = bytes(buffer[:cut]).decode("utf-8", errors="replace")
+        del buffer[:cut + 2]
+        data = [line[5:].lstrip() for line in event.split("\n") if line.startswith("data:")]
+        if data:
+            yield "\n".join(data)
+
+
+@dataclass
+class Run:
+    """The records of one run, its wall duration and (if scraped) counter deltas."""
+    label: str
+    load: str
+    records: list[RequestRecord]
+    duration_s: float
+    counters: dict[str, Any] | None = None
+
+    def summary(self, **slo: float) -> dict[str, Any]:
+        from .metrics import summarize
+        return summarize(self.records, self.duration_s, **slo)
+
+    def frame(self):
+        from .metrics import records_frame
+        return records_frame(self.records)
+
+
+class Client:
+    """Streams requests to `base_url` (an OpenAI-compatible server)."""
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
+                 timeout_s: float = 600.0, max_connections: int = 0):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.max_connections = max_connections
+
+    @classmethod
+    def for_engine(cls, engine, **kw: Any) -> "Client":
+        return cls(engine.base_url, engine.model, api_key=engine.api_key, **kw)
+
+    def _session(self) -> aiohttp.ClientSession:
+        conn = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=30,
+                                    enable_cleanup_closed=True)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return aiohttp.ClientSession(connector=conn, headers=headers,
+                                     timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                     read_bufsize=1 << 20)
+
+    async def send(self, session: aiohttp.ClientSession, spec: RequestSpec,
+                   index: int = 0, label: str = "") -> RequestRecord:
+        rec = RequestRecord(index=index, tag=spec.tag, label=label)
+        url = f"{self.base_url}/v1/{'chat/completions' if spec.api == 'chat' else 'completions'}"
+        body = spec.payload(self.model)
+        text_parts: list[str] = []
+        rec.send_time = time.time()
+        st = rec.start = time.perf_counter()
+        last = st
+        try:
+            async with session.post(url, json=body) as resp:
+                rec.status = resp.status
+                if resp.status != 200:
+                    rec.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"
+                    return rec
+                buffer = bytearray()
+                async for chunk in resp.content.iter_any():
+                    now = time.perf_counter()
+                    buffer += chunk
+                    for message in _sse_messages(buffer):
+                        if message == "[DONE]":
+                            continue
+                        data = json.loads(message)
+                        if "error" in data and not data.get("choices"):
+                            rec.error = f"stream error: {data['error']}"
+                            continue
+                        usage = data.get("usage")
+                        if usage:
+                            rec.output_tokens = usage.get("completion_tokens")
+                            rec.prompt_tokens = usage.get("prompt_tokens", rec.prompt_tokens)
+                            details = usage.get("prompt_tokens_details") or {}
+                            if details.get("cached_tokens") is not None:
+                                rec.cached_tokens = details["cached_tokens"]
+                        choices = data.get("choices")
+                        if not choices:
+                            continue  # the trailing usage-only chunk carries no token
+                        choice = choices[0]
+                        piece = (choice.get("delta") or {}).get("content") if spec.api == "chat" \
+                            else choice.get("text")
+                        text_parts.append(piece or "")
+                        if choice.get("finish_reason"):
+                            rec.finish_reason = choice["finish_reason"]
+                        if rec.ttft is None:
+                            rec.ttft = now - st
+                        else:
+                            rec.itl.append(now - last)
+                        last = now
+                        rec.chunk_times.append(now - st)
+                        rec.chunk_tokens.append(usage.get("completion_tokens", len(rec.chunk_times))
+                                                if usage else len(rec.chunk_times))
+            if rec.ttft is None:
+                rec.error = rec.error or "the stream ended without a token chunk"
+            else:
+                rec.e2e = last - st
+                rec.ok = not rec.error
+        except asyncio.CancelledError:
+            rec.error = "cancelled"
+            raise
+        except Exception as exc:  # connection refused, reset, timeout, bad JSON
+            rec.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            rec.text = "".join(text_parts)
+        return rec
+
+    async def run_async(self, specs: Sequence[RequestSpec], load: Load = Load(),
+                        *, label: str = "", jsonl: str | Path | None = None,
+                        progress: bool = True) -> Run:
+        from tqdm.auto import tqdm
+        specs = list(specs)
+        n = len(specs)
+        records: list[RequestRecord | None] = [None] * n
+        out = open(jsonl, "a") if jsonl else None
+        bar = tqdm(total=n, desc=label or "requests", unit="req", disable=not progress,
+                   leave=False)
+
+        async def one(i: int, session: aiohttp.ClientSession) -> None:
+            rec = await self.send(session, specs[i], i, label)
+            records[i] = rec
+            if out:
+                out.write(json.dumps(rec.to_json()) + "\n")
+                out.flush()
+            bar.update(1)
+            if not rec.ok:
+                bar.set_postfix_str(f"errors: {sum(1 for r in records if r and not r.ok)}")
+
+        t0 = time.perf_counter()
+        try:
+            async with self._session() as session:
+                offsets = load.arrival_offsets(n)
+                if offsets is None:
+                    counter = itertools.count()
+
+                    async def worker() -> None:
+                        while (i := next(counter)) < n:
+                            await one(i, session)
+
+                    await asyncio.gather(*(worker() for _ in range(min(load.concurrency, n) or 1)))
+                else:
+                    gate = asyncio.Semaphore(load.concurrency) if load.concurrency else None
+
+                    async def gated(i: int) -> None:
+                        if gate is None:
+                            return await one(i, session)
+                        async with gate:
+                            await one(i, session)
+
+                    tasks = []
+                    for i, at in enumerate(offsets):
+                        delay = t0 + at - time.perf_counter()
+                        if delay > 0:
+                            await asyncio.sleep(delay)
+                        tasks.append(asyncio.create_task(gated(i)))
+                    await asyncio.gather(*tasks)
+        finally:
+            bar.close()
+            if out:
+                out.close()
+        duration = time.perf_counter() - t0
+        return Run(label, load.describe(), [r for r in records if r is not None], duration)
+
+    def run(self, specs: Sequence[RequestSpec], load: Load = Load(), **kw: Any) -> Run:
+        """Blocking wrapper; works inside Jupyter's running event loop too."""
+        return run_sync(self.run_async(specs, load, **kw))
+
+
+def run_sync(coro):
+    """Run a coroutine to completion from sync code, even under a running loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()

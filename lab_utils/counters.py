@@ -1,0 +1,138 @@
+"""vLLM's own Prometheus counters, scraped before and after a run.
+
+The deltas confirm the mechanism behind a latency change: prefix-cache hits,
+accepted draft tokens, preemptions, KV-cache usage, and the server's own TTFT
+histogram (to compare with the client's view).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+#: Counter families (summed over engines/labels); names without `_total`.
+COUNTERS = {
+    "prefix_cache_queries": "vllm:prefix_cache_queries",
+    "prefix_cache_hits": "vllm:prefix_cache_hits",
+    "prompt_tokens": "vllm:prompt_tokens",
+    "generation_tokens": "vllm:generation_tokens",
+    "preemptions": "vllm:num_preemptions",
+    "requests_success": "vllm:request_success",
+    "spec_decode_drafts": "vllm:spec_decode_num_drafts",
+    "spec_decode_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "spec_decode_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
+GAUGES = {
+    "kv_cache_usage": "vllm:kv_cache_usage_perc",
+    "requests_running": "vllm:num_requests_running",
+    "requests_waiting": "vllm:num_requests_waiting",
+}
+HISTOGRAMS = {
+    "server_ttft_s": "vllm:time_to_first_token_seconds",
+    "server_itl_s": "vllm:inter_token_latency_seconds",
+    "server_queue_s": "vllm:request_queue_time_seconds",
+    "server_prefill_s": "vllm:request_prefill_time_seconds",
+    "server_e2e_s": "vllm:e2e_request_latency_seconds",
+}
+
+
+@dataclass
+class Histogram:
+    buckets: dict[float, float] = field(default_factory=dict)  # upper bound -> cumulative count
+    count: float = 0.0
+    sum: float = 0.0
+
+    def __sub__(self, other: "Histogram") -> "Histogram":
+        return Histogram({le: c - other.buckets.get(le, 0.0) for le, c in self.buckets.items()},
+                         self.count - other.count, self.sum - other.sum)
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count else None
+
+    def quantile(self, q: float) -> float | None:
+        """Prometheus-style histogram_quantile (linear within the bucket)."""
+        if not self.count:
+            return None
+        rank = q * self.count
+        prev_le, prev_c = 0.0, 0.0
+        for le, c in sorted(self.buckets.items()):
+            if c >= rank:
+                if le == float("inf"):
+                    return prev_le
+                width = c - prev_c
+                return prev_le + (le - prev_le) * ((rank - prev_c) / width if width else 0.0)
+            prev_le, prev_c = le, c
+        return prev_le
+
+
+@dataclass
+class Snapshot:
+    counters: dict[str, float]
+    gauges: dict[str, float]
+    histograms: dict[str, Histogram]
+
+
+def parse_metrics(text: str) -> Snapshot:
+    """Parse Prometheus exposition text (vLLM's /metrics) into a Snapshot."""
+    by_family: dict[str, Any] = {fam.name: fam for fam in text_string_to_metric_families(text)}
+    counters = {}
+    for key, name in COUNTERS.items():
+        fam = by_family.get(name)
+        counters[key] = sum(s.value for s in fam.samples if s.name.endswith("_total")) if fam else 0.0
+    gauges = {}
+    for key, name in GAUGES.items():
+        fam = by_family.get(name)
+        gauges[key] = sum(s.value for s in fam.samples) if fam else 0.0
+    histograms = {}
+    for key, name in HISTOGRAMS.items():
+        fam = by_family.get(name)
+        h = Histogram()
+        for s in (fam.samples if fam else []):
+            if s.name.endswith("_bucket"):
+                le = float(s.labels["le"])
+                h.buckets[le] = h.buckets.get(le, 0.0) + s.value
+            elif s.name.endswith("_count"):
+                h.count += s.value
+            elif s.name.endswith("_sum"):
+                h.sum += s.value
+        histograms[key] = h
+    return Snapshot(counters, gauges, histograms)
+
+
+def scrape_text(base_url: str, api_key: str | None = None, timeout: float = 10) -> str:
+    from .server import ServerError, http_get
+    status, body = http_get(base_url.rstrip("/") + "/metrics", timeout=timeout, api_key=api_key)
+    if status != 200:
+        raise ServerError(f"{base_url}/metrics answered HTTP {status}")
+    return body.decode()
+
+
+def scrape(base_url: str, api_key: str | None = None) -> Snapshot:
+    return parse_metrics(scrape_text(base_url, api_key))
+
+
+def scrape_families(base_url: str, api_key: str | None = None) -> list:
+    return list(text_string_to_metric_families(scrape_text(base_url, api_key)))
+
+
+def delta(before: Snapshot, after: Snapshot) -> dict[str, float | None]:
+    """What happened between two snapshots, with the derived ratios notebooks cite."""
+    d: dict[str, float | None] = {k: after.counters[k] - before.counters[k] for k in COUNTERS}
+    q, h = d["prefix_cache_queries"], d["prefix_cache_hits"]
+    d["prefix_cache_hit_rate"] = h / q if q else None
+    drafts, dt, acc = (d["spec_decode_drafts"], d["spec_decode_draft_tokens"],
+                       d["spec_decode_accepted_tokens"])
+    d["spec_decode_acceptance_rate"] = acc / dt if dt else None
+    # Tokens per verification step: the accepted drafts plus the one token the
+    # target model always produces (vLLM's "mean acceptance length").
+    d["spec_decode_mean_accepted_length"] = 1 + acc / drafts if drafts else None
+    d["kv_cache_usage_after"] = after.gauges["kv_cache_usage"]
+    for key in HISTOGRAMS:
+        hist = after.histograms[key] - before.histograms[key]
+        d[f"{key}_count"] = hist.count
+        d[f"{key}_mean"] = hist.mean
+        d[f"{key}_p50"] = hist.quantile(0.5)
+        d[f"{key}_p99"] = hist.quantile(0.99)
+    return d

@@ -1,0 +1,100 @@
+"""Latency metrics with `vllm bench serve`'s definitions, and their summaries.
+
+- TTFT: send -> first streamed chunk.
+- TPOT: (E2E - TTFT) / (output tokens - 1), only for requests with > 1 token.
+- ITL: gaps between consecutive chunks, pooled over all requests.
+- E2E: send -> last token chunk.
+- Goodput: requests/s that met every SLO (TTFT, TPOT, E2E); a request with
+  one output token counts TPOT as 0, as vLLM does.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+PERCENTILES = (50, 90, 99)
+#: The article's alert thresholds, used as the default SLOs.
+DEFAULT_TTFT_SLO_S = 2.0
+DEFAULT_TPOT_SLO_S = 0.050
+
+
+def tpot(e2e: float | None, ttft: float | None, output_tokens: int | None) -> float | None:
+    """Time per output token after the first, or None when it is undefined."""
+    if e2e is None or ttft is None or not output_tokens or output_tokens < 2:
+        return None
+    return (e2e - ttft) / (output_tokens - 1)
+
+
+def percentile_stats(values: Iterable[float], scale: float = 1000.0) -> dict[str, float]:
+    """mean, std, median, p90, p99 (numpy's linear percentiles), scaled (s -> ms)."""
+    arr = np.asarray([v for v in values if v is not None], dtype=float) * scale
+    if arr.size == 0:
+        return {"mean": math.nan, "std": math.nan, "median": math.nan,
+                **{f"p{p}": math.nan for p in PERCENTILES[1:]}}
+    out = {"mean": float(arr.mean()), "std": float(arr.std()), "median": float(np.median(arr))}
+    out.update({f"p{p}": float(np.percentile(arr, p)) for p in PERCENTILES[1:]})
+    return out
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_s: float | None = DEFAULT_TTFT_SLO_S
+    tpot_s: float | None = DEFAULT_TPOT_SLO_S
+    e2e_s: float | None = None
+
+    def met(self, rec) -> bool:
+        if not rec.ok:
+            return False
+        t = rec.tpot if rec.tpot is not None else 0.0
+        return all([self.ttft_s is None or rec.ttft <= self.ttft_s,
+                    self.tpot_s is None or t <= self.tpot_s,
+                    self.e2e_s is None or rec.e2e <= self.e2e_s])
+
+
+def summarize(records: Sequence, duration_s: float, slo: SLO | None = None) -> dict[str, Any]:
+    """Flat summary of a run: `<metric>_ms_<stat>` for ttft/tpot/itl/e2e, counts,
+    throughput (req/s, output tok/s) and goodput against `slo`."""
+    slo = slo or SLO()
+    ok = [r for r in records if r.ok]
+    out: dict[str, Any] = {"requests": len(records), "completed": len(ok),
+                           "failed": len(records) - len(ok), "duration_s": duration_s}
+    series = {"ttft": [r.ttft for r in ok], "tpot": [r.tpot for r in ok],
+              "itl": [g for r in ok for g in r.itl], "e2e": [r.e2e for r in ok]}
+    for name, values in series.items():
+        for stat, value in percentile_stats(values).items():
+            out[f"{name}_ms_{stat}"] = value
+    out_tokens = sum(r.output_tokens or 0 for r in ok)
+    out["input_tokens"] = sum(r.prompt_tokens or 0 for r in ok)
+    out["output_tokens"] = out_tokens
+    out["request_throughput"] = len(ok) / duration_s if duration_s > 0 else math.nan
+    out["output_throughput"] = out_tokens / duration_s if duration_s > 0 else math.nan
+    good = sum(1 for r in ok if slo.met(r))
+    out["goodput"] = good / duration_s if duration_s > 0 else math.nan
+    out["slo_met_fraction"] = good / len(records) if records else math.nan
+    return out
+
+
+def records_frame(records: Sequence):
+    """One row per request, times in ms, ready for seaborn."""
+    import pandas as pd
+    rows = []
+    for r in records:
+        rows.append({"index": r.index, "label": r.label, "tag": r.tag, "ok": r.ok,
+                     "error": r.error, "send_time": r.send_time, "start": r.start,
+                     "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
+                     "cached_tokens": r.cached_tokens,
+                     "ttft_ms": r.ttft * 1e3 if r.ttft is not None else math.nan,
+                     "tpot_ms": r.tpot * 1e3 if r.tpot is not None else math.nan,
+                     "e2e_ms": r.e2e * 1e3 if r.e2e is not None else math.nan,
+                     "itl_ms_max": max(r.itl) * 1e3 if r.itl else math.nan})
+    return pd.DataFrame(rows)
+
+
+def change_pct(baseline: float, treated: float) -> float:
+    """Relative change of treated vs baseline in percent (negative = lower)."""
+    if baseline is None or treated is None or not baseline or math.isnan(baseline):
+        return math.nan
+    return (treated - baseline) / baseline * 100.0

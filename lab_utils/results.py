@@ -1,0 +1,153 @@
+"""The results contract every notebook writes, and the measuring step that fills it.
+
+`<results_dir>/<notebook>.json` holds the engines (exact command lines), the
+environment, per-arm summaries with counter deltas, and findings
+`{technique, metric, baseline, treated, change_pct, article_claim, mechanism}`.
+Per-request records go to `<results_dir>/<notebook>/<arm>.jsonl`. The JSON is
+rewritten after every arm and finding, so an interrupted notebook keeps them.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from .client import Client, Load, RequestSpec, Run
+from .counters import delta, scrape
+from .metrics import SLO, change_pct
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", text).strip("_")[:120] or "arm"
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf -> None, numpy scalars -> Python."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def environment(engine=None) -> dict[str, Any]:
+    """Device, versions and host facts for the results file."""
+    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                           "cpu_count": os.cpu_count(), "hostname": platform.node()}
+    try:
+        from .profiles import vllm_version
+        env["vllm_version"] = vllm_version()
+    except Exception:
+        env["vllm_version"] = None
+    if engine is not None:
+        env.update(profile=engine.profile.name, device=engine.profile.device,
+                   model=engine.model_path or engine.model, served_model_name=engine.model)
+        if engine.server is None:  # remote: ask the server itself
+            from .server import http_get
+            try:
+                status, body = http_get(engine.base_url + "/version", api_key=engine.api_key)
+                if status == 200:
+                    env["server_vllm_version"] = json.loads(body).get("version")
+            except OSError:
+                pass
+    return env
+
+
+class Results:
+    """Collects one notebook's arms and findings and writes them as it goes."""
+
+    def __init__(self, notebook: str, results_dir: str | Path, profile: str = ""):
+        self.notebook = notebook
+        self.dir = Path(results_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / f"{notebook}.json"
+        self.data: dict[str, Any] = {
+            "notebook": notebook, "profile": profile,
+            "started": _dt.datetime.now().isoformat(timespec="seconds"),
+            "environment": environment(), "engines": [], "arms": {}, "findings": [],
+            "notes": []}
+
+    # -- writing --------------------------------------------------------
+    def records_path(self, label: str) -> Path:
+        path = self.dir / self.notebook / f"{_slug(label)}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def add_engine(self, engine) -> None:
+        desc = engine.describe()
+        if not any(e["command"] == desc["command"] for e in self.data["engines"]):
+            self.data["engines"].append(desc)
+            self.data["environment"] = environment(engine)
+            self.save()
+
+    def add_arm(self, label: str, run: Run, **extra: Any) -> dict[str, Any]:
+        arm = {"load": run.load, "summary": run.summary(), "counters": run.counters,
+               "records": str(self.records_path(label).relative_to(self.dir)), **extra}
+        self.data["arms"][label] = arm
+        self.save()
+        return arm
+
+    def add_finding(self, technique: str, metric: str, baseline: float, treated: float,
+                    article_claim: str, mechanism: str, **extra: Any) -> dict[str, Any]:
+        finding = {"technique": technique, "metric": metric, "baseline": baseline,
+                   "treated": treated, "change_pct": change_pct(baseline, treated),
+                   "article_claim": article_claim, "mechanism": mechanism, **extra}
+        self.data["findings"].append(finding)
+        self.save()
+        return _clean(finding)
+
+    def note(self, text: str) -> None:
+        self.data["notes"].append(text)
+        self.save()
+
+    def save(self) -> Path:
+        self.data["updated"] = _dt.datetime.now().isoformat(timespec="seconds")
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(_clean(self.data), indent=2))
+        tmp.replace(self.path)  # atomic: a crash never leaves half a file
+        return self.path
+
+    # -- reading --------------------------------------------------------
+    def findings_frame(self):
+        import pandas as pd
+        return pd.DataFrame(_clean(self.data["findings"]))
+
+    def arms_frame(self, columns: Sequence[str] = ("ttft_ms_median", "ttft_ms_p99",
+                                                   "tpot_ms_median", "tpot_ms_p99",
+                                                   "e2e_ms_median", "output_throughput")):
+        import pandas as pd
+        rows = {label: {c: arm["summary"].get(c) for c in columns}
+                for label, arm in self.data["arms"].items()}
+        return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def measure(engine, specs: Sequence[RequestSpec], load: Load = Load(), *, label: str,
+            results: Results | None = None, slo: SLO | None = None, progress: bool = True,
+            **extra: Any) -> Run:
+    """Run `specs` against `engine`, with counter deltas and records saved.
+
+    Scrapes /metrics before and after, streams the records into the arm's
+    JSONL file as they arrive, and adds the arm to `results`."""
+    client = Client.for_engine(engine)
+    jsonl = results.records_path(label) if results else None
+    if jsonl is not None and jsonl.exists():
+        jsonl.unlink()  # a re-run of the same arm replaces its records
+    before = scrape(engine.base_url, engine.api_key)
+    run = client.run(specs, load, label=label, jsonl=jsonl, progress=progress)
+    run.counters = delta(before, scrape(engine.base_url, engine.api_key))
+    if results is not None:
+        results.add_engine(engine)
+        results.add_arm(label, run, engine=engine.label, **extra)
+    failed = [r for r in run.records if not r.ok]
+    if failed and len(failed) == len(run.records):
+        raise RuntimeError(f"every request of {label!r} failed; first error: {failed[0].error}")
+    return run

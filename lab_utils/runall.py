@@ -1,0 +1,122 @@
+"""Execute every notebook headless with papermill into `runs/<timestamp>/`.
+
+    python -m lab_utils.runall                    # all notebooks, cpu profile
+    python -m lab_utils.runall --only 00 02       # a subset (name prefixes)
+    python -m lab_utils.runall --profile remote --base-url http://host:8000
+
+Each run folder holds the executed notebooks, `results/` (findings JSON and
+per-request JSONL), `logs/` (engine logs) and `index.md`/`index.html`;
+`runs/latest` points at the newest. A failing notebook is reported and the
+others still run; the exit status is 1 if any failed, 130 if interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from .paths import NOTEBOOKS_DIR, RUNS_DIR
+from .report import build_index
+
+
+def notebooks(only: list[str] | None = None) -> list[Path]:
+    found = sorted(NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
+    if only:
+        found = [p for p in found if any(p.stem.startswith(o) for o in only)]
+        if not found:
+            raise SystemExit(f"no notebook in {NOTEBOOKS_DIR} starts with {only}")
+    return found
+
+
+def _point_latest(run_dir: Path) -> None:
+    latest = run_dir.parent / "latest"
+    tmp = run_dir.parent / ".latest.tmp"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(run_dir.name)
+    os.replace(tmp, latest)
+
+
+def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = None,
+            runs_dir: Path = RUNS_DIR, parameters: dict | None = None) -> int:
+    import papermill as pm
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(runs_dir) / stamp
+    for sub in ("notebooks", "results", "logs"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    _point_latest(run_dir)
+    todo = notebooks(only)
+    status = {"profile": profile, "base_url": base_url,
+              "started": _dt.datetime.now().isoformat(timespec="seconds"), "finished": None,
+              "notebooks": [{"name": p.stem, "status": "pending"} for p in todo]}
+
+    def save_status() -> None:
+        (run_dir / "status.json").write_text(json.dumps(status, indent=2))
+        build_index(run_dir)
+
+    save_status()
+    print(f"run folder: {run_dir}  ({len(todo)} notebooks, profile {profile})", flush=True)
+    code = 0
+    for i, (path, entry) in enumerate(zip(todo, status["notebooks"]), 1):
+        params = {"profile": profile, "base_url": base_url,
+                  "results_dir": str((run_dir / "results").resolve()), **(parameters or {})}
+        entry["status"] = "running"
+        save_status()
+        print(f"[{i}/{len(todo)}] {path.stem} ...", end=" ", flush=True)
+        t0 = time.perf_counter()
+        try:
+            pm.execute_notebook(str(path), str(run_dir / "notebooks" / path.name),
+                                parameters=params, kernel_name="python3",
+                                cwd=str(NOTEBOOKS_DIR), progress_bar=False,
+                                report_mode=False)
+            entry["status"] = "ok"
+        except KeyboardInterrupt:
+            entry["status"] = "interrupted"
+            entry["seconds"] = round(time.perf_counter() - t0, 1)
+            for rest in status["notebooks"][i:]:
+                rest["status"] = "not run (interrupted)"
+            status["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
+            save_status()
+            print(f"interrupted: results so far are in {run_dir}", flush=True)
+            return 130
+        except Exception as exc:  # a failing notebook must not stop the others
+            entry["status"] = "failed"
+            entry["error"] = (str(exc) if exc.__class__.__name__ == "PapermillExecutionError"
+                              else traceback.format_exc())
+            code = 1
+        entry["seconds"] = round(time.perf_counter() - t0, 1)
+        save_status()
+        print(f"{entry['status']} ({entry['seconds']} s)", flush=True)
+    status["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
+    save_status()
+    print(f"report: {run_dir / 'index.md'}", flush=True)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default=os.environ.get("LAB_PROFILE", "cpu"))
+    parser.add_argument("--base-url", default=os.environ.get("LAB_REMOTE_URL", ""))
+    parser.add_argument("--only", nargs="*", help="notebook name prefixes, e.g. 00 02")
+    parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
+    parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[],
+                        metavar=("NAME", "JSON"),
+                        help="extra notebook parameter, value as JSON (e.g. -p repeats 3)")
+    args = parser.parse_args(argv)
+    params = {}
+    for name, raw in args.parameter:
+        try:
+            params[name] = json.loads(raw)
+        except ValueError:
+            params[name] = raw
+    return run_all(args.profile, args.base_url, args.only, args.runs_dir, params)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

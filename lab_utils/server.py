@@ -1,0 +1,334 @@
+"""Start, share and stop real vLLM OpenAI-compatible servers.
+
+`VLLMServer` is one server subprocess: its exact command line, its log file, a
+health wait with a timeout, and a clean stop of its whole process group (also
+on Ctrl-C, on kernel exit, and when the server dies while starting).
+`EnginePool` hands out engines by flags, so identical flags within a notebook
+reuse one running server, and `RemoteEngine` stands for a server the lab did
+not start.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .paths import REPO_ROOT
+from .profiles import ConfigError, Profile, display_command, engine_argv, flag_items
+
+_RUNNING: set["VLLMServer"] = set()
+
+
+class ServerError(RuntimeError):
+    """The server failed to start or died; the message carries its log's tail."""
+
+
+class ArmUnavailable(RuntimeError):
+    """A remote target has no server for the flags an arm needs."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """Runs in the child before exec: new process group, and SIGTERM when the
+    process that started it dies (so even a killed kernel leaves no server)."""
+    os.setsid()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def http_get(url: str, timeout: float = 5.0, api_key: str | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url)
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+class VLLMServer:
+    """One `vllm serve` subprocess on 127.0.0.1, used as a context manager."""
+
+    def __init__(self, argv: list[str], *, port: int, log_path: Path,
+                 env: Mapping[str, str] | None = None, startup_timeout_s: float = 240,
+                 served_model_name: str = "", host: str = "127.0.0.1"):
+        self.argv = list(argv)
+        self.port = port
+        self.host = host
+        self.log_path = Path(log_path)
+        self.env = dict(env or {})
+        self.startup_timeout_s = startup_timeout_s
+        self.served_model_name = served_model_name
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def command(self) -> str:
+        """Copy-pasteable `vllm serve ...` equivalent of the exact argv."""
+        return display_command(self.argv, self.env)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def start(self) -> "VLLMServer":
+        if self.alive:
+            return self
+        if port_in_use(self.port, self.host):
+            raise ConfigError(f"port {self.port} on {self.host} is already in use: stop what "
+                              "holds it or let the lab pick a free port (port=None)")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.env,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+        log = open(self.log_path, "ab")
+        log.write(f"$ {self.command}\n".encode())
+        log.flush()
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env,
+                                     preexec_fn=_die_with_parent)
+        log.close()
+        _RUNNING.add(self)
+        try:
+            self._wait_healthy()
+        except BaseException:  # KeyboardInterrupt included: never leave it running
+            self.stop()
+            raise
+        self.startup_s = time.perf_counter() - t0
+        return self
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"vLLM exited with code {self.proc.returncode} while "
+                                  f"starting.\ncommand: {self.command}\nlog: {self.log_path}\n"
+                                  f"--- last lines ---\n{self.log_tail()}")
+            with contextlib.suppress(OSError):
+                status, _ = http_get(self.base_url + "/health", timeout=2)
+                if status == 200:
+                    return
+            time.sleep(0.5)
+        raise ServerError(f"vLLM was not healthy after {self.startup_timeout_s:.0f} s.\n"
+                          f"command: {self.command}\nlog: {self.log_path}\n"
+                          f"--- last lines ---\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float = 30) -> None:
+        """SIGTERM the whole process group, SIGKILL what is left after `timeout_s`."""
+        proc, self.proc = self.proc, None
+        _RUNNING.discard(self)
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        # The engine core is a child in the same group: make sure it is gone too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.alive else "stopped"
+        return f"<VLLMServer {state} {self.base_url}: {self.command}>"
+
+
+def stop_all() -> None:
+    """Stop every server this process started (atexit and SIGTERM run it)."""
+    for server in list(_RUNNING):
+        server.stop(timeout_s=10)
+
+
+atexit.register(stop_all)
+
+
+def _install_sigterm_handler() -> None:
+    # A kernel shut down by SIGTERM would skip atexit; turn it into SystemExit.
+    with contextlib.suppress(ValueError):  # not in the main thread
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+# --------------------------------------------------------------------------
+# Engines: what notebooks use
+# --------------------------------------------------------------------------
+
+@dataclass
+class Engine:
+    """A server the experiments talk to: a local VLLMServer or a remote URL."""
+    profile: Profile
+    flags: dict[str, Any]
+    base_url: str
+    model: str                       # the name requests must use
+    model_path: str = ""             # local model folder or hub id ("" when remote)
+    server: VLLMServer | None = None
+    api_key: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def command(self) -> str:
+        if self.server is not None:
+            return self.server.command
+        return f"(remote server at {self.base_url})"
+
+    @property
+    def label(self) -> str:
+        return flags_label(self.flags)
+
+    def describe(self) -> dict[str, Any]:
+        return {"label": self.label, "flags": self.flags, "command": self.command,
+                "base_url": self.base_url, "model": self.model,
+                "startup_s": self.server.startup_s if self.server else None,
+                "log": str(self.server.log_path) if self.server else None, **self.info}
+
+
+def flags_label(flags: Mapping[str, Any]) -> str:
+    """Canonical text for a flag set: 'baseline' or 'k=v,k2=v2' (sorted)."""
+    if not flags:
+        return "baseline"
+    return ",".join(f"{k}={json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v}"
+                    for k, v in sorted(flags.items()))
+
+
+def _server_model_name(base_url: str, api_key: str | None) -> str:
+    status, body = http_get(base_url + "/v1/models", api_key=api_key, timeout=10)
+    if status != 200:
+        raise ServerError(f"{base_url}/v1/models answered HTTP {status}: {body[:200]!r}")
+    return json.loads(body)["data"][0]["id"]
+
+
+def _cache_config(base_url: str, api_key: str | None = None) -> dict[str, str]:
+    """vLLM's `cache_config_info` labels (KV capacity, block size, prefix caching)."""
+    from .counters import scrape_families
+    with contextlib.suppress(Exception):
+        fams = scrape_families(base_url, api_key=api_key)
+        for fam in fams:
+            if fam.name == "vllm:cache_config_info" and fam.samples:
+                return dict(fam.samples[0].labels)
+    return {}
+
+
+class EnginePool:
+    """Hands out engines by flags; identical flags reuse one running server.
+
+    At most `keep` local servers run at once (2 cores cannot host more without
+    distorting the measurements): asking for new flags stops the oldest.
+    """
+
+    def __init__(self, profile: Profile, log_dir: str | Path = "logs", keep: int = 1):
+        self.profile = profile
+        self.log_dir = Path(log_dir)
+        self.keep = max(1, int(keep))
+        self._engines: dict[str, Engine] = {}
+        _install_sigterm_handler()
+
+    def get(self, role: str | None = None, **flags: Any) -> Engine:
+        """The engine for these technique flags (started if needed).
+
+        `role` picks another model of the profile (e.g. 'small', 'awq')."""
+        key = flags_label({**flags, **({"model_role": role} if role else {})})
+        engine = self._engines.get(key)
+        if engine is not None and (engine.server is None or engine.server.alive):
+            return engine
+        engine = self._remote(key, flags) if self.profile.is_remote else self._start(key, role, flags)
+        self._engines[key] = engine
+        return engine
+
+    def _remote(self, key: str, flags: dict[str, Any]) -> Engine:
+        p = self.profile
+        url = p.base_url
+        if flags:
+            arms = json.loads(os.environ.get("LAB_REMOTE_ARMS", "{}") or "{}")
+            if key not in arms:
+                raise ArmUnavailable(
+                    f"this arm needs a server started with {flags_to_cli(p, flags)}; the "
+                    f"remote target cannot change its flags. Start such a server and map it: "
+                    f"LAB_REMOTE_ARMS='{{\"{key}\": \"http://HOST:PORT\"}}'")
+            url = arms[key].rstrip("/")
+        model = p.served_model_name or _server_model_name(url, p.api_key)
+        return Engine(p, dict(flags), url, model, api_key=p.api_key,
+                      info={"cache_config": _cache_config(url, p.api_key)})
+
+    def _start(self, key: str, role: str | None, flags: dict[str, Any]) -> Engine:
+        p = self.profile
+        running = [k for k, e in self._engines.items() if e.server and e.server.alive]
+        while len(running) >= self.keep:
+            self._engines.pop(running.pop(0)).server.stop()
+        model_path = p.model_for(role)
+        port = free_port()
+        argv = engine_argv(p, flags, port=port, model=model_path)
+        digest = hashlib.sha1(" ".join(argv[4:]).encode()).hexdigest()[:8]
+        log_path = self.log_dir / f"vllm-{len(self._engines):02d}-{digest}.log"
+        server = VLLMServer(argv, port=port, log_path=log_path, env=p.env,
+                            startup_timeout_s=p.startup_timeout_s,
+                            served_model_name=p.served_model_name)
+        server.start()
+        name = p.served_model_name or model_path
+        return Engine(p, dict(flags), server.base_url, name, model_path=model_path,
+                      server=server, info={"cache_config": _cache_config(server.base_url)})
+
+    def close(self) -> None:
+        for engine in self._engines.values():
+            if engine.server:
+                engine.server.stop()
+        self._engines.clear()
+
+    def __enter__(self) -> "EnginePool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def flags_to_cli(profile: Profile, flags: Mapping[str, Any]) -> str:
+    from .profiles import flags_to_args
+    import shlex
+    return shlex.join(flags_to_args(flag_items(profile, flags)))

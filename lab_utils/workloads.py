@@ -1,0 +1,214 @@
+"""Prompts: the shipped datasets, and synthetic prompts of exact token lengths.
+
+Exact lengths use the served model's tokenizer: the local one (transformers)
+when the lab started the engine, or the server's `/tokenize` endpoint when it
+is remote, so "a 512-token prefix" means 512 tokens to the engine.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import random
+from pathlib import Path
+from typing import Any, Sequence
+
+from .client import RequestSpec
+from .paths import DATASETS_DIR
+
+
+# --------------------------------------------------------------------------
+# Datasets
+# --------------------------------------------------------------------------
+
+def dataset_path(name: str) -> Path:
+    path = DATASETS_DIR / name
+    if not path.is_file():
+        have = sorted(p.name for p in DATASETS_DIR.glob("*.json*"))
+        raise FileNotFoundError(f"no dataset {name!r} in {DATASETS_DIR}; available: {have}")
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _load(name: str) -> Any:
+    path = dataset_path(name)
+    if path.suffix == ".jsonl":
+        return tuple(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return json.loads(path.read_text())
+
+
+def chat_questions() -> list[dict]:
+    return list(_load("chat_questions.jsonl"))
+
+
+def long_documents() -> list[dict]:
+    return list(_load("long_documents.jsonl"))
+
+
+def code_edit_prompts() -> list[dict]:
+    return list(_load("code_edit_prompts.jsonl"))
+
+
+def quality_questions() -> list[dict]:
+    return list(_load("quality_questions.jsonl"))
+
+
+def system_prompts() -> dict:
+    return dict(_load("system_prompts.json"))
+
+
+def warmup_prefixes() -> list[str]:
+    return list(_load("warmup_prefixes.json")["prefixes"])
+
+
+def chat(question: str, system: str | None = None) -> list[dict[str, str]]:
+    """OpenAI chat messages for one question, with an optional system prompt."""
+    msgs = [{"role": "system", "content": system}] if system else []
+    return msgs + [{"role": "user", "content": question}]
+
+
+def chat_specs(n: int, *, max_tokens: int = 32, system: str | None = None, seed: int = 0,
+               tag: str = "chat", **kw: Any) -> list[RequestSpec]:
+    """`n` short chat requests drawn (seeded, cycling) from chat_questions.jsonl."""
+    qs = chat_questions()
+    random.Random(seed).shuffle(qs)
+    return [RequestSpec(messages=chat(qs[i % len(qs)]["question"], system), max_tokens=max_tokens,
+                        tag=tag, **kw) for i in range(n)]
+
+
+def document_specs(n: int, *, max_tokens: int = 32, seed: int = 0, tag: str = "long",
+                   question: str = "Summarize the document above in two sentences.",
+                   **kw: Any) -> list[RequestSpec]:
+    """`n` long-prompt chat requests (one shipped document each, cycling)."""
+    docs = long_documents()
+    random.Random(seed).shuffle(docs)
+    return [RequestSpec(messages=chat(f"{docs[i % len(docs)]['text']}\n\n{question}"),
+                        max_tokens=max_tokens, tag=tag, **kw) for i in range(n)]
+
+
+def code_edit_specs(n: int, *, max_tokens: int = 256, tag: str = "code_edit",
+                    **kw: Any) -> list[RequestSpec]:
+    """Code-editing requests whose answers repeat much of their input."""
+    items = code_edit_prompts()
+    return [RequestSpec(messages=chat(f"{it['instruction']}\n\n```{it['language']}\n"
+                                      f"{it['code']}\n```"),
+                        max_tokens=max_tokens, tag=tag, **kw)
+            for it in (items[i % len(items)] for i in range(n))]
+
+
+# --------------------------------------------------------------------------
+# Tokenizers and exact-length synthetic prompts
+# --------------------------------------------------------------------------
+
+class Tokenizer:
+    """encode/decode with the served model's tokenizer (no special tokens)."""
+
+    def __init__(self, encode, decode, name: str):
+        self.encode, self.decode, self.name = encode, decode, name
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text))
+
+
+@functools.lru_cache(maxsize=8)
+def local_tokenizer(model_path: str) -> Tokenizer:
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model_path)
+    return Tokenizer(lambda t: tok(t, add_special_tokens=False).input_ids,
+                     lambda ids: tok.decode(ids), model_path)
+
+
+def server_tokenizer(base_url: str, model: str, api_key: str | None = None) -> Tokenizer:
+    """vLLM's /tokenize and /detokenize endpoints, for remote targets."""
+    import urllib.request
+
+    def post(path: str, body: dict) -> dict:
+        req = urllib.request.Request(base_url.rstrip("/") + path, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        if api_key:
+            req.add_header("Authorization", f"Bearer {api_key}")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    return Tokenizer(
+        lambda t: post("/tokenize", {"model": model, "prompt": t, "add_special_tokens": False})["tokens"],
+        lambda ids: post("/detokenize", {"model": model, "tokens": list(ids)})["prompt"],
+        f"{base_url} /tokenize")
+
+
+def tokenizer_for(engine) -> Tokenizer:
+    if engine.model_path and Path(engine.model_path).exists():
+        return local_tokenizer(engine.model_path)
+    if engine.model_path and engine.server is not None:  # a hub id served locally
+        return local_tokenizer(engine.model_path)
+    return server_tokenizer(engine.base_url, engine.model, engine.api_key)
+
+
+@functools.lru_cache(maxsize=1)
+def _corpus_text() -> str:
+    return "\n\n".join(d["text"] for d in long_documents())
+
+
+def exact_text(tok: Tokenizer, n_tokens: int, *, offset: int = 0) -> str:
+    """Text that encodes to exactly `n_tokens` tokens, cut from the shipped
+    documents starting near token `offset` (different offsets = different text)."""
+    if n_tokens <= 0:
+        return ""
+    ids = _corpus_ids(tok)
+    need = n_tokens + 8
+    start = offset % max(1, len(ids) - need)
+    window = (ids * (1 + (start + need) // len(ids)))[start:start + need]
+    for extra in range(0, 8):
+        for take in (n_tokens + extra, n_tokens - extra):
+            if take <= 0:
+                continue
+            text = tok.decode(window[:take])
+            if tok.count(text) == n_tokens:
+                return text
+    raise ValueError(f"could not build a {n_tokens}-token text at offset {offset}")
+
+
+_IDS_CACHE: dict[str, list[int]] = {}
+
+
+def _corpus_ids(tok: Tokenizer) -> list[int]:
+    if tok.name not in _IDS_CACHE:
+        _IDS_CACHE[tok.name] = list(tok.encode(_corpus_text()))
+    return _IDS_CACHE[tok.name]
+
+
+def shared_prefix_prompts(tok: Tokenizer, n: int, prefix_tokens: int, suffix_tokens: int,
+                          *, seed: int = 0) -> list[str]:
+    """`n` prompts that share their first `prefix_tokens` tokens exactly and
+    differ after it (each `suffix_tokens` long). Checked by re-tokenizing."""
+    prefix = exact_text(tok, prefix_tokens, offset=seed * 7919) if prefix_tokens else ""
+    prefix_ids = tok.encode(prefix)
+    prompts: list[str] = []
+    rng = random.Random(seed)
+    attempts = 0
+    while len(prompts) < n:
+        attempts += 1
+        if attempts > 20 * n:
+            raise ValueError("could not build prompts whose shared prefix survives tokenization")
+        suffix = exact_text(tok, suffix_tokens, offset=rng.randrange(1, 10**6))
+        sep = "\n" if prefix else ""
+        text = prefix + sep + suffix
+        ids = tok.encode(text)
+        if ids[:len(prefix_ids)] == prefix_ids and abs(len(ids) - (prefix_tokens + suffix_tokens)) <= 2:
+            prompts.append(text)
+    return prompts
+
+
+def synthetic_specs(tok: Tokenizer, n: int, input_tokens: int, *, max_tokens: int = 32,
+                    prefix_tokens: int = 0, seed: int = 0, tag: str = "synthetic",
+                    ignore_eos: bool = True, **kw: Any) -> list[RequestSpec]:
+    """Completions requests of (about) `input_tokens` prompt tokens, the first
+    `prefix_tokens` of them shared; `ignore_eos` fixes the output length."""
+    if prefix_tokens > input_tokens:
+        raise ValueError(f"prefix_tokens ({prefix_tokens}) > input_tokens ({input_tokens})")
+    prompts = shared_prefix_prompts(tok, n, prefix_tokens, input_tokens - prefix_tokens, seed=seed)
+    return [RequestSpec(prompt=p, max_tokens=max_tokens, tag=tag, ignore_eos=ignore_eos, **kw)
+            for p in prompts]
+
+
+def count_chat_tokens(tok: Tokenizer, texts: Sequence[str]) -> list[int]:
+    return [tok.count(t) for t in texts]
