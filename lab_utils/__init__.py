@@ -33,6 +33,6 @@ __all__ = [
 def __getattr__(name: str):
     # Plotting pulls in matplotlib/seaborn: load it only when asked for.
     if name == "plots":
-        from . import plots
-        return plots
+        import importlib
+        return importlib.import_module(".plots", __name__)
     raise AttributeError(name)

@@ -117,6 +117,14 @@ class Results:
         return self.path
 
     # -- reading --------------------------------------------------------
+    def iter_records(self):
+        """Every per-request record (dict) this notebook has written so far."""
+        for path in sorted((self.dir / self.notebook).glob("*.jsonl")):
+            with open(path) as f:
+                for line in f:
+                    if line.strip():
+                        yield json.loads(line)
+
     def findings_frame(self):
         import pandas as pd
         return pd.DataFrame(_clean(self.data["findings"]))

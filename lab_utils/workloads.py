@@ -155,15 +155,16 @@ def exact_text(tok: Tokenizer, n_tokens: int, *, offset: int = 0) -> str:
         return ""
     ids = _corpus_ids(tok)
     need = n_tokens + 8
-    start = offset % max(1, len(ids) - need)
-    window = (ids * (1 + (start + need) // len(ids)))[start:start + need]
-    for extra in range(0, 8):
-        for take in (n_tokens + extra, n_tokens - extra):
-            if take <= 0:
-                continue
-            text = tok.decode(window[:take])
-            if tok.count(text) == n_tokens:
-                return text
+    for shift in range(0, 64, 3):  # a cut inside a word can re-tokenize differently
+        start = (offset + shift) % max(1, len(ids) - need)
+        window = (ids * (1 + (start + need) // len(ids)))[start:start + need]
+        for extra in range(0, 8):
+            for take in (n_tokens + extra, n_tokens - extra):
+                if take <= 0:
+                    continue
+                text = tok.decode(window[:take])
+                if tok.count(text) == n_tokens:
+                    return text
     raise ValueError(f"could not build a {n_tokens}-token text at offset {offset}")
 
 

@@ -1,0 +1,82 @@
+"""Experiments of `00_baseline`: how TTFT grows with the prompt, how TPOT
+behaves with output length and concurrency, and whether perceived latency is
+TTFT + n x TPOT on this engine."""
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..client import Load
+from ..metrics import records_frame
+from ..results import Results, measure
+from ..workloads import synthetic_specs, tokenizer_for
+
+# Every call draws new prompt text, so vLLM's prefix cache (on by default)
+# cannot serve a repeat of an earlier prompt and hide the prefill cost.
+_fresh = itertools.count(1)
+
+
+def ttft_vs_prompt_length(engine, lengths: Sequence[int], repeats: int = 4, *,
+                          output_tokens: int = 8, results: Results | None = None,
+                          progress: bool = True) -> pd.DataFrame:
+    """Sequential requests of exact prompt lengths; one row per request."""
+    tok = tokenizer_for(engine)
+    frames = []
+    for length in lengths:
+        specs = synthetic_specs(tok, repeats, int(length), max_tokens=output_tokens,
+                                seed=next(_fresh) * 1000 + int(length), tag=f"prompt_{length}")
+        run = measure(engine, specs, Load.sequential(), label=f"prompt_len={length}",
+                      results=results, progress=progress)
+        frame = run.frame().assign(prompt_len=int(length),
+                                   prefix_cache_hits=run.counters["prefix_cache_hits"])
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def tpot_vs_output_and_concurrency(engine, output_lengths: Sequence[int],
+                                   concurrencies: Sequence[int], repeats: int = 4, *,
+                                   prompt_tokens: int = 64, results: Results | None = None,
+                                   progress: bool = True) -> tuple[pd.DataFrame, list]:
+    """Fixed prompt length; `ignore_eos` makes every request produce exactly
+    `output_len` tokens. At concurrency c, `repeats * c` requests keep c in flight."""
+    tok = tokenizer_for(engine)
+    frames, records = [], []
+    for conc, out_len in itertools.product(concurrencies, output_lengths):
+        specs = synthetic_specs(tok, repeats * int(conc), prompt_tokens, max_tokens=int(out_len),
+                                seed=next(_fresh) * 1000 + int(out_len), tag=f"c{conc}")
+        run = measure(engine, specs, Load.concurrent(int(conc)),
+                      label=f"output_len={out_len},concurrency={conc}", results=results,
+                      progress=progress)
+        records += run.records
+        frames.append(run.frame().assign(output_len=int(out_len), concurrency=int(conc)))
+    return pd.concat(frames, ignore_index=True), records
+
+
+def perceived_latency_fit(frame: pd.DataFrame) -> dict:
+    """Least-squares E2E = a + b * n over single-stream requests, against the
+    article's TTFT + n x TPOT with the measured medians plugged in."""
+    data = frame.dropna(subset=["e2e_ms", "output_tokens"])
+    n = data["output_tokens"].to_numpy(float)
+    e2e = data["e2e_ms"].to_numpy(float)
+    slope, intercept = np.polyfit(n, e2e, 1)
+    fitted = intercept + slope * n
+    ss_res = float(((e2e - fitted) ** 2).sum())
+    ss_tot = float(((e2e - e2e.mean()) ** 2).sum()) or 1.0
+    ttft_med = float(data["ttft_ms"].median())
+    tpot_med = float(data["tpot_ms"].median())
+    article = ttft_med + n * tpot_med
+    residual_pct = (e2e - article) / e2e * 100
+    return {"fit_intercept_ms": float(intercept), "fit_slope_ms_per_token": float(slope),
+            "r2": 1 - ss_res / ss_tot, "ttft_median_ms": ttft_med, "tpot_median_ms": tpot_med,
+            "article_residual_pct_median": float(np.median(residual_pct)),
+            "article_residual_pct_max_abs": float(np.abs(residual_pct).max()),
+            "residuals": pd.DataFrame({"output_tokens": n, "measured_e2e_ms": e2e,
+                                       "article_prediction_ms": article,
+                                       "residual_pct": residual_pct})}
+
+
+__all__ = ["ttft_vs_prompt_length", "tpot_vs_output_and_concurrency", "perceived_latency_fit",
+           "records_frame"]
