@@ -8,25 +8,68 @@
                       label="cached", results=ctx.results)
 """
 from .client import Client, Load, RequestRecord, RequestSpec, Run
-from .counters import delta as counter_delta, scrape as scrape_counters
+from .counters import delta as counter_delta
+from .counters import scrape as scrape_counters
 from .metrics import SLO, change_pct, percentile_stats, records_frame, summarize, tpot
 from .monitor import LatencyMonitor
 from .notebook import NotebookContext, explore, setup
 from .profiles import ConfigError, Profile, load_profile
 from .results import Results, measure
 from .server import ArmUnavailable, Engine, EnginePool, ServerError, VLLMServer
-from .workloads import (chat, chat_questions, chat_specs, code_edit_specs, document_specs,
-                        long_documents, quality_questions, synthetic_specs, system_prompts,
-                        tokenizer_for, warmup_prefixes)
+from .workloads import (
+    chat,
+    chat_questions,
+    chat_specs,
+    code_edit_specs,
+    document_specs,
+    long_documents,
+    quality_questions,
+    synthetic_specs,
+    system_prompts,
+    tokenizer_for,
+    warmup_prefixes,
+)
 
 __all__ = [
-    "ArmUnavailable", "Client", "ConfigError", "Engine", "EnginePool", "LatencyMonitor", "Load",
-    "NotebookContext", "Profile", "RequestRecord", "RequestSpec", "Results", "Run", "SLO",
-    "ServerError", "VLLMServer", "change_pct", "chat", "chat_questions", "chat_specs",
-    "code_edit_specs", "counter_delta", "document_specs", "explore", "load_profile",
-    "long_documents", "measure", "percentile_stats", "plots", "quality_questions",
-    "records_frame", "scrape_counters", "setup", "summarize", "synthetic_specs",
-    "system_prompts", "tokenizer_for", "tpot", "warmup_prefixes",
+    "SLO",
+    "ArmUnavailable",
+    "Client",
+    "ConfigError",
+    "Engine",
+    "EnginePool",
+    "LatencyMonitor",
+    "Load",
+    "NotebookContext",
+    "Profile",
+    "RequestRecord",
+    "RequestSpec",
+    "Results",
+    "Run",
+    "ServerError",
+    "VLLMServer",
+    "change_pct",
+    "chat",
+    "chat_questions",
+    "chat_specs",
+    "code_edit_specs",
+    "counter_delta",
+    "document_specs",
+    "explore",
+    "load_profile",
+    "long_documents",
+    "measure",
+    "percentile_stats",
+    "plots",
+    "quality_questions",
+    "records_frame",
+    "scrape_counters",
+    "setup",
+    "summarize",
+    "synthetic_specs",
+    "system_prompts",
+    "tokenizer_for",
+    "tpot",
+    "warmup_prefixes",
 ]
 
 

@@ -19,9 +19,10 @@ import itertools
 import json
 import math
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -99,7 +100,7 @@ class RequestRecord:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "RequestRecord":
+    def from_json(cls, d: dict[str, Any]) -> RequestRecord:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -121,18 +122,18 @@ class Load:
     offsets: tuple[float, ...] = ()
 
     @classmethod
-    def sequential(cls) -> "Load":
+    def sequential(cls) -> Load:
         return cls("sequential", 1)
 
     @classmethod
-    def concurrent(cls, n: int) -> "Load":
+    def concurrent(cls, n: int) -> Load:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"concurrency must be a positive int, got {n!r}")
         return cls("concurrency", n)
 
     @classmethod
     def poisson(cls, rate: float, *, burstiness: float = 1.0, seed: int = 0,
-                max_concurrency: int | None = None) -> "Load":
+                max_concurrency: int | None = None) -> Load:
         """Arrivals at `rate` req/s; gamma intervals with shape `burstiness`
         (1 = Poisson, <1 burstier), as `vllm bench serve --burstiness`."""
         if not rate > 0:
@@ -142,7 +143,7 @@ class Load:
         return cls("rate", max_concurrency or 0, float(rate), float(burstiness), int(seed))
 
     @classmethod
-    def at(cls, offsets: Sequence[float]) -> "Load":
+    def at(cls, offsets: Sequence[float]) -> Load:
         """Send request i at offsets[i] seconds after the run starts."""
         return cls("offsets", 0, offsets=tuple(float(o) for o in offsets))
 
@@ -196,9 +197,10 @@ class Run:
     duration_s: float
     counters: dict[str, Any] | None = None
 
-    def summary(self, **slo: float) -> dict[str, Any]:
+    def summary(self, slo=None) -> dict[str, Any]:
+        """`lab_utils.metrics.summarize` of this run (goodput against `slo`)."""
         from .metrics import summarize
-        return summarize(self.records, self.duration_s, **slo)
+        return summarize(self.records, self.duration_s, slo)
 
     def frame(self):
         from .metrics import records_frame
@@ -217,7 +219,7 @@ class Client:
         self.max_connections = max_connections
 
     @classmethod
-    def for_engine(cls, engine, **kw: Any) -> "Client":
+    def for_engine(cls, engine, **kw: Any) -> Client:
         return cls(engine.base_url, engine.model, api_key=engine.api_key, **kw)
 
     def _session(self) -> aiohttp.ClientSession:

@@ -43,7 +43,7 @@ class Histogram:
     count: float = 0.0
     sum: float = 0.0
 
-    def __sub__(self, other: "Histogram") -> "Histogram":
+    def __sub__(self, other: Histogram) -> Histogram:
         return Histogram({le: c - other.buckets.get(le, 0.0) for le, c in self.buckets.items()},
                          self.count - other.count, self.sum - other.sum)
 

@@ -7,8 +7,8 @@ equals vLLM's TPOT whenever there are 2+ output tokens, and it gives 0 ms (not
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)

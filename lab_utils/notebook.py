@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .paths import NOTEBOOKS_DIR, REPO_ROOT
 from .profiles import ConfigError, Profile, load_profile
@@ -124,5 +125,11 @@ def explore(function: Callable[..., Any], **controls: Any):
     return box
 
 
-__all__ = ["setup", "explore", "check_parameters", "parameter_defaults", "NotebookContext",
-           "REPO_ROOT"]
+__all__ = [
+    "REPO_ROOT",
+    "NotebookContext",
+    "check_parameters",
+    "explore",
+    "parameter_defaults",
+    "setup",
+]

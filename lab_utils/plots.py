@@ -1,8 +1,8 @@
 """Seaborn figures with titles, units and legends. Each returns its Figure."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib.pyplot as plt
 import seaborn as sns

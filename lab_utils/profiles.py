@@ -14,9 +14,11 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+
+import tomllib
 
 from .paths import cache_dir
 
@@ -59,7 +61,11 @@ class Profile:
         if ref == "embedded":
             from .model import ensure_embedded_model
             return str(ensure_embedded_model())
-        return ref
+        if ref.startswith(("/", "./", "../", "~")) and not Path(ref).expanduser().exists():
+            raise ConfigError(f"model path {ref!r} does not exist: fix the path in the profile "
+                              "(or the role's entry under [models]), or give a hub id such as "
+                              "'Qwen/Qwen2.5-7B-Instruct'")
+        return str(Path(ref).expanduser()) if ref.startswith("~") else ref
 
 
 def available_profiles() -> list[str]:

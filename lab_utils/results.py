@@ -14,12 +14,14 @@ import math
 import os
 import platform
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .client import Client, Load, RequestSpec, Run
 from .counters import delta, scrape
 from .metrics import SLO, change_pct
+from .server import ServerError
 
 
 def _slug(text: str) -> str:
@@ -89,8 +91,8 @@ class Results:
             self.data["environment"] = environment(engine)
             self.save()
 
-    def add_arm(self, label: str, run: Run, **extra: Any) -> dict[str, Any]:
-        arm = {"load": run.load, "summary": run.summary(), "counters": run.counters,
+    def add_arm(self, label: str, run: Run, slo: SLO | None = None, **extra: Any) -> dict[str, Any]:
+        arm = {"load": run.load, "summary": run.summary(slo), "counters": run.counters,
                "records": str(self.records_path(label).relative_to(self.dir)), **extra}
         self.data["arms"][label] = arm
         self.save()
@@ -151,11 +153,21 @@ def measure(engine, specs: Sequence[RequestSpec], load: Load = Load(), *, label:
         jsonl.unlink()  # a re-run of the same arm replaces its records
     before = scrape(engine.base_url, engine.api_key)
     run = client.run(specs, load, label=label, jsonl=jsonl, progress=progress)
-    run.counters = delta(before, scrape(engine.base_url, engine.api_key))
+    failed = [r for r in run.records if not r.ok]
+    try:
+        run.counters = delta(before, scrape(engine.base_url, engine.api_key))
+    except OSError as exc:  # the server went away during the run
+        if results is not None:
+            results.add_arm(label, run, slo, engine=engine.label, error=str(exc))
+        tail = engine.server.log_tail(15) if engine.server else ""
+        raise ServerError(
+            f"the server at {engine.base_url} stopped answering during {label!r}: "
+            f"{len(failed)} of {len(run.records)} requests failed (first error: "
+            f"{failed[0].error if failed else 'none'}). The records measured so far are kept"
+            f"{' in ' + str(jsonl) if jsonl else ''}.\n--- server log tail ---\n{tail}") from exc
     if results is not None:
         results.add_engine(engine)
-        results.add_arm(label, run, engine=engine.label, **extra)
-    failed = [r for r in run.records if not r.ok]
+        results.add_arm(label, run, slo, engine=engine.label, **extra)
     if failed and len(failed) == len(run.records):
         raise RuntimeError(f"every request of {label!r} failed; first error: {failed[0].error}")
     return run

@@ -22,14 +22,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .paths import REPO_ROOT
 from .profiles import ConfigError, Profile, display_command, engine_argv, flag_items
 
-_RUNNING: set["VLLMServer"] = set()
+_RUNNING: set[VLLMServer] = set()
 
 
 class ServerError(RuntimeError):
@@ -38,6 +39,47 @@ class ServerError(RuntimeError):
 
 class ArmUnavailable(RuntimeError):
     """A remote target has no server for the flags an arm needs."""
+
+
+#: Set in every server's environment (inherited by its engine-core children) to
+#: the pid of the process that started it, so leftovers can be found exactly.
+OWNER_ENV = "LAB_UTILS_SERVER_OWNER"
+
+
+def lab_server_processes(owner: int | None = None) -> list[tuple[int, str]]:
+    """(pid, command) of live processes started by lab_utils (optionally by `owner`)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == "Z":
+            continue
+        for item in environ:
+            if item.startswith(OWNER_ENV.encode() + b"="):
+                if owner is None or item.split(b"=", 1)[1] == str(owner).encode():
+                    found.append((int(entry.name), cmd.strip()))
+                break
+    return found
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group `pgid`."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                members.append(int(entry.name))
+    return members
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -110,14 +152,14 @@ class VLLMServer:
         except OSError:
             return "(no log)"
 
-    def start(self) -> "VLLMServer":
+    def start(self) -> VLLMServer:
         if self.alive:
             return self
         if port_in_use(self.port, self.host):
             raise ConfigError(f"port {self.port} on {self.host} is already in use: stop what "
                               "holds it or let the lab pick a free port (port=None)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.env,
+        env = {**os.environ, **self.env, OWNER_ENV: str(os.getpid()),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
         log = open(self.log_path, "ab")
         log.write(f"$ {self.command}\n".encode())
@@ -164,16 +206,20 @@ class VLLMServer:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             pass
-        # The engine core is a child in the same group: make sure it is gone too.
+        # The engine core (and multiprocessing's resource tracker) are children
+        # in the same group: make sure they are gone too before returning.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _group_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
@@ -321,14 +367,15 @@ class EnginePool:
                 engine.server.stop()
         self._engines.clear()
 
-    def __enter__(self) -> "EnginePool":
+    def __enter__(self) -> EnginePool:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
 def flags_to_cli(profile: Profile, flags: Mapping[str, Any]) -> str:
-    from .profiles import flags_to_args
     import shlex
+
+    from .profiles import flags_to_args
     return shlex.join(flags_to_args(flag_items(profile, flags)))

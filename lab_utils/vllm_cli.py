@@ -5,8 +5,8 @@ console script fails with PackageNotFoundError('vllm').
 
 usage: python -m lab_utils.vllm_cli bench serve --base-url http://127.0.0.1:PORT ...
 """
-import importlib.metadata as metadata
 import sys
+from importlib import metadata
 
 _version = metadata.version
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import functools
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .client import RequestSpec
 from .paths import DATASETS_DIR
-
 
 # --------------------------------------------------------------------------
 # Datasets
@@ -28,7 +28,7 @@ def dataset_path(name: str) -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(name: str) -> Any:
     path = dataset_path(name)
     if path.suffix == ".jsonl":
@@ -158,7 +158,7 @@ def exact_text(tok: Tokenizer, n_tokens: int, *, offset: int = 0) -> str:
     for shift in range(0, 64, 3):  # a cut inside a word can re-tokenize differently
         start = (offset + shift) % max(1, len(ids) - need)
         window = (ids * (1 + (start + need) // len(ids)))[start:start + need]
-        for extra in range(0, 8):
+        for extra in range(8):
             for take in (n_tokens + extra, n_tokens - extra):
                 if take <= 0:
                     continue

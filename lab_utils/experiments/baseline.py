@@ -4,7 +4,7 @@ TTFT + n x TPOT on this engine."""
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -78,5 +78,9 @@ def perceived_latency_fit(frame: pd.DataFrame) -> dict:
                                        "residual_pct": residual_pct})}
 
 
-__all__ = ["ttft_vs_prompt_length", "tpot_vs_output_and_concurrency", "perceived_latency_fit",
-           "records_frame"]
+__all__ = [
+    "perceived_latency_fit",
+    "records_frame",
+    "tpot_vs_output_and_concurrency",
+    "ttft_vs_prompt_length",
+]

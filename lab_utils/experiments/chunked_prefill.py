@@ -1,0 +1,360 @@
+"""Experiments of `01_chunked_prefill`: does splitting a long prompt's prefill
+into chunks stop it from blocking short chat requests?
+
+The workload is a seeded stream of short chat requests with a few long-prompt
+requests landing among them (`mixed_workload`). Every arm runs the same
+schedule against one engine: chunked prefill off (a long prompt is prefilled
+in one engine step), or on with a sweep of `max_num_batched_tokens` (the token
+budget of one engine step, which caps the chunk size). Per arm we report the
+short requests' TTFT, the long requests' TTFT, the *decode stall* (the inter-
+token gaps of short requests that were already streaming when a long prompt
+arrived) and throughput, and confirm the mechanism with vLLM's own counters:
+the server's own TTFT/ITL/queue/prefill histograms (/metrics deltas) and the
+engine steps the server logs with `--enable-logging-iteration-details` (prefill
+tokens and time of every step). `vllm:iteration_tokens_total` is no help here:
+vLLM adds a prompt's tokens to it in the step that emits the first token, so a
+chunked 1,536-token prefill still shows up as one 1,536-token "step".
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..client import Client, Load, RequestRecord, RequestSpec, Run
+from ..results import Results, measure
+from ..server import ArmUnavailable
+from ..workloads import chat_specs, synthetic_specs, tokenizer_for
+
+SHORT, LONG = "short", "long"
+
+# Every call draws new long-prompt text, so the prefix cache (on by default in
+# V1) never serves a long prompt from an earlier arm and hides its prefill.
+_fresh = itertools.count(1)
+
+
+# --------------------------------------------------------------------------
+# The workload: a seeded schedule of short and long requests
+# --------------------------------------------------------------------------
+
+def mixed_schedule(n_short: int, short_rate: float, long_at: Sequence[float], *,
+                   anchor_lead_s: float = 0.8, seed: int = 0) -> list[tuple[float, str]]:
+    """Send times (s from the run start) and tags, sorted by time.
+
+    Short requests arrive as a seeded Poisson stream at `short_rate` req/s
+    (`Load.poisson`); a long request arrives at each offset in `long_at`. One
+    extra "anchor" short request is sent `anchor_lead_s` before each long one,
+    so that at least one short request is decoding when every long prompt
+    lands (the decode stall is then measured on every run, not by luck)."""
+    if n_short < 0 or not short_rate > 0:
+        raise ValueError(f"need n_short >= 0 and short_rate > 0, got {n_short}, {short_rate}")
+    shorts = Load.poisson(short_rate, seed=seed).arrival_offsets(n_short) if n_short else []
+    anchors = [max(0.0, t - anchor_lead_s) for t in long_at] if anchor_lead_s > 0 else []
+    events = ([(float(t), SHORT) for t in shorts] + [(float(t), SHORT) for t in anchors]
+              + [(float(t), LONG) for t in long_at])
+    # Stable sort: at equal times the short request goes first.
+    return sorted(events, key=lambda e: (e[0], e[1] == LONG))
+
+
+@dataclass
+class Workload:
+    """The requests of one arm and the `Load.at` schedule that releases them."""
+    specs: list[RequestSpec]
+    load: Load
+    long_prompt_tokens: int
+    description: str
+
+    @property
+    def n_long(self) -> int:
+        return sum(s.tag == LONG for s in self.specs)
+
+    @property
+    def n_short(self) -> int:
+        return sum(s.tag == SHORT for s in self.specs)
+
+
+def mixed_workload(engine, *, n_short: int = 12, short_rate: float = 1.5,
+                   long_at: Sequence[float] = (2.0, 7.0), long_prompt_tokens: int = 1536,
+                   short_output_tokens: int = 24, long_output_tokens: int = 8,
+                   seed: int = 0) -> Workload:
+    """Short chat requests (chat_questions.jsonl, exactly `short_output_tokens`
+    output tokens each) and long completions requests of exactly
+    `long_prompt_tokens` prompt tokens (fresh text every call), on the
+    deterministic schedule of `mixed_schedule`."""
+    schedule = mixed_schedule(n_short, short_rate, long_at, seed=seed)
+    n_s = sum(tag == SHORT for _, tag in schedule)
+    n_l = len(schedule) - n_s
+    shorts = iter(chat_specs(n_s, max_tokens=short_output_tokens, seed=seed, tag=SHORT,
+                             ignore_eos=True))
+    longs = iter(synthetic_specs(tokenizer_for(engine), n_l, int(long_prompt_tokens),
+                                 max_tokens=long_output_tokens, tag=LONG,
+                                 seed=next(_fresh) * 7919 + seed) if n_l else [])
+    specs = [next(shorts) if tag == SHORT else next(longs) for _, tag in schedule]
+    desc = (f"{n_s} short chat requests ({short_rate:g}/s Poisson, seed {seed}, "
+            f"{short_output_tokens} output tokens) + {n_l} long requests of "
+            f"{long_prompt_tokens} prompt tokens at {list(long_at)} s")
+    return Workload(specs, Load.at([t for t, _ in schedule]), int(long_prompt_tokens), desc)
+
+
+# --------------------------------------------------------------------------
+# Pure measures of one run
+# --------------------------------------------------------------------------
+
+def decoding_when_long_arrived(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """Short requests that had their first token but not their last when some
+    long request was sent (all `start`s of one run share one clock)."""
+    longs = [r.start for r in records if r.tag == LONG]
+    out = []
+    for r in records:
+        if r.tag != SHORT or not r.ok or r.ttft is None or r.e2e is None:
+            continue
+        first, last = r.start + r.ttft, r.start + r.e2e
+        if any(first <= t < last for t in longs):
+            out.append(r)
+    return out
+
+
+def decode_stall(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """Inter-token gaps (ms) of the short requests that were streaming when a
+    long prompt arrived: their max and p99 (pooled), and how many there were."""
+    hit = decoding_when_long_arrived(records)
+    gaps = np.array([g for r in hit for g in r.itl], dtype=float) * 1e3
+    if gaps.size == 0:
+        return {"stalled_requests": len(hit), "stall_itl_ms_max": math.nan,
+                "stall_itl_ms_p99": math.nan}
+    return {"stalled_requests": len(hit), "stall_itl_ms_max": float(gaps.max()),
+            "stall_itl_ms_p99": float(np.percentile(gaps, 99))}
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    arr = np.asarray([v for v in values if v is not None], dtype=float)
+    return float(np.percentile(arr, q)) if arr.size else math.nan
+
+
+# --------------------------------------------------------------------------
+# Engine steps, from the server's own per-iteration log
+# --------------------------------------------------------------------------
+
+#: The line vLLM logs per engine step with --enable-logging-iteration-details
+#: (vllm/v1/metrics/loggers.py, LoggingStatLogger._log_iteration_details).
+_ITERATION_LINE = re.compile(
+    r"Iteration\((?P<step>\d+)\): (?P<ctx_requests>\d+) context requests, "
+    r"(?P<ctx_tokens>\d+) context tokens, (?P<gen_requests>\d+) generation requests, "
+    r"(?P<gen_tokens>\d+) generation tokens, iteration elapsed time: (?P<elapsed_ms>[\d.]+) ms")
+
+
+def parse_iteration_log(text: str) -> pd.DataFrame:
+    """One row per engine step: prefill ("context") requests and tokens,
+    decode ("generation") requests and tokens, and the step's time in ms."""
+    rows = [{k: float(v) if k == "elapsed_ms" else int(v) for k, v in m.groupdict().items()}
+            for m in _ITERATION_LINE.finditer(text)]
+    cols = ["step", "ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens", "elapsed_ms"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def step_stats(steps: pd.DataFrame) -> dict[str, float]:
+    """What the steps of one run say about chunking: the largest prefill chunk,
+    the longest step, and the longest step that also advanced running decodes."""
+    if steps.empty:
+        return {"engine_steps": 0, "max_prefill_tokens_per_step": math.nan,
+                "max_step_ms": math.nan, "max_mixed_step_ms": math.nan, "prefill_steps": 0}
+    mixed = steps[(steps.ctx_tokens > 0) & (steps.gen_requests > 0)]
+    return {"engine_steps": int(len(steps)),
+            "prefill_steps": int((steps.ctx_tokens > 0).sum()),
+            "max_prefill_tokens_per_step": int(steps.ctx_tokens.max()),
+            "max_step_ms": float(steps.elapsed_ms.max()),
+            "max_mixed_step_ms": float(mixed.elapsed_ms.max()) if len(mixed) else math.nan}
+
+
+class StepLog:
+    """Reads what a local server logged between `start()` and `read()`."""
+
+    def __init__(self, engine):
+        server = getattr(engine, "server", None)
+        self.path = Path(server.log_path) if server is not None else None
+        self.offset = 0
+
+    def start(self) -> "StepLog":
+        if self.path is not None and self.path.exists():
+            self.offset = self.path.stat().st_size
+        return self
+
+    def read(self, settle_s: float = 0.5) -> pd.DataFrame:
+        if self.path is None or not self.path.exists():
+            return parse_iteration_log("")
+        time.sleep(settle_s)  # the API server logs the last steps just after the last token
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            return parse_iteration_log(f.read().decode("utf-8", errors="replace"))
+
+
+# --------------------------------------------------------------------------
+# One arm, and the sweep
+# --------------------------------------------------------------------------
+
+@dataclass
+class Arm:
+    label: str
+    chunked: bool
+    budget: int | None                 # max_num_batched_tokens (None = server default)
+    run: Run
+    steps: pd.DataFrame = field(default_factory=lambda: parse_iteration_log(""))
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        return self.run.records
+
+
+def arm_row(arm: Arm) -> dict[str, Any]:
+    """One table row: the latencies the notebook compares, the server's own
+    histograms (/metrics deltas) and what its engine steps did."""
+    recs = [r for r in arm.records if r.ok]
+    short = [r for r in recs if r.tag == SHORT]
+    long = [r for r in recs if r.tag == LONG]
+    c = arm.run.counters or {}
+    out_tokens = sum(r.output_tokens or 0 for r in recs)
+    return {"arm": arm.label, "chunked_prefill": arm.chunked, "max_num_batched_tokens": arm.budget,
+            "short_ttft_ms_p50": _pct([r.ttft * 1e3 for r in short], 50),
+            "short_ttft_ms_p99": _pct([r.ttft * 1e3 for r in short], 99),
+            "long_ttft_ms_median": _pct([r.ttft * 1e3 for r in long], 50),
+            "long_ttft_ms_max": _pct([r.ttft * 1e3 for r in long], 100),
+            **decode_stall(arm.records),
+            "short_itl_ms_p50": _pct([g * 1e3 for r in short for g in r.itl], 50),
+            "output_tok_s": out_tokens / arm.run.duration_s if arm.run.duration_s else math.nan,
+            "duration_s": arm.run.duration_s,
+            "failed": sum(not r.ok for r in arm.records),
+            "server_ttft_ms_p99": _ms(c.get("server_ttft_s_p99")),
+            "server_itl_ms_p99": _ms(c.get("server_itl_s_p99")),
+            "server_queue_ms_mean": _ms(c.get("server_queue_s_mean")),
+            "server_prefill_ms_mean": _ms(c.get("server_prefill_s_mean")),
+            "prefix_cache_hits": c.get("prefix_cache_hits"),
+            **step_stats(arm.steps)}
+
+
+def _ms(seconds: float | None) -> float:
+    return seconds * 1e3 if seconds is not None else math.nan
+
+
+def arm_flags(chunked: bool, budget: int | None, max_model_len: int | None, *,
+              log_steps: bool = True) -> dict[str, Any]:
+    """Engine flags of one arm.
+
+    With chunked prefill off, vLLM requires max_num_batched_tokens >=
+    max_model_len (SchedulerConfig.verify_max_model_len) and, left unset,
+    picks max(max_model_len, its default), so the off arm asks for exactly
+    max_model_len. `log_steps` adds --enable-logging-iteration-details (the
+    same in every arm): the server then logs every engine step."""
+    flags: dict[str, Any] = {"enable_chunked_prefill": bool(chunked)}
+    if chunked:
+        if budget:
+            flags["max_num_batched_tokens"] = int(budget)
+    elif budget or max_model_len:
+        need = int(max_model_len or 0)
+        if budget and need and budget < need:
+            raise ValueError(f"with chunked prefill off, max_num_batched_tokens ({budget}) must "
+                             f"be >= max_model_len ({need}); vLLM refuses to start otherwise")
+        flags["max_num_batched_tokens"] = int(budget or need)
+    if log_steps:
+        flags["enable_logging_iteration_details"] = True
+    return flags
+
+
+def _warm_up(engine) -> None:
+    """One short request first: the first call on a fresh engine pays one-time costs."""
+    Client.for_engine(engine).run(chat_specs(1, max_tokens=4, seed=99), Load.sequential(),
+                                  progress=False)
+
+
+def run_arm(engine, workload: Workload, *, label: str, chunked: bool, budget: int | None,
+            results: Results | None = None, progress: bool = True) -> Arm:
+    """Send the workload once on `engine`; keep the counter deltas (in
+    `run.counters`) and the engine steps the server logged meanwhile."""
+    _warm_up(engine)
+    log = StepLog(engine).start()
+    run = measure(engine, workload.specs, workload.load, label=label, results=results,
+                  progress=progress, workload=workload.description)
+    arm = Arm(label, chunked, budget, run, log.read())
+    if results is not None:
+        results.data["arms"][label]["engine_steps"] = step_stats(arm.steps)
+        results.save()
+    return arm
+
+
+def arm_label(chunked: bool, budget: int | None) -> str:
+    if not chunked:
+        return f"off (budget {budget})" if budget else "off"
+    return f"on, budget {budget}" if budget else "on (default budget)"
+
+
+def chunked_prefill_sweep(ctx, budgets: Sequence[int], *, include_off: bool = True,
+                          progress: bool = True, **workload_kw: Any) -> tuple[pd.DataFrame, dict]:
+    """Run the same mixed workload with chunked prefill off, then on at each
+    `max_num_batched_tokens` in `budgets` (one engine per arm, one at a time).
+
+    Arms whose flags a remote target cannot serve are skipped with a note.
+    Returns the table (one row per arm) and {label: Arm}."""
+    max_model_len = ctx.profile.engine.get("max_model_len")
+    log_steps = not ctx.profile.is_remote  # a remote server's log is out of reach
+    plan = ([(False, None)] if include_off else []) + [(True, int(b)) for b in budgets]
+    arms: dict[str, Arm] = {}
+    for chunked, budget in plan:
+        flags = arm_flags(chunked, budget, max_model_len, log_steps=log_steps)
+        label = arm_label(chunked, flags.get("max_num_batched_tokens"))
+        try:
+            engine = ctx.engine(**flags)
+        except ArmUnavailable as exc:
+            ctx.results.note(f"{label}: skipped ({exc})")
+            print(f"[{label}] skipped: {exc}")
+            continue
+        workload = mixed_workload(engine, **workload_kw)
+        arms[label] = run_arm(engine, workload, label=label, chunked=chunked,
+                              budget=flags.get("max_num_batched_tokens"), results=ctx.results,
+                              progress=progress)
+    table = pd.DataFrame([arm_row(a) for a in arms.values()]).set_index("arm") if arms \
+        else pd.DataFrame()
+    return table, arms
+
+
+# --------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------
+
+def plot_sweep(table: pd.DataFrame, title: str = "Chunked prefill: what the token budget trades"):
+    """Three panels against max_num_batched_tokens (chunked on, log2 axis), with
+    the chunked-off arm as a dashed line: decode stall, short TTFT p99, long TTFT."""
+    import matplotlib.pyplot as plt
+    panels = [("stall_itl_ms_max", "max ITL of streaming short requests (ms)", "Decode stall"),
+              ("short_ttft_ms_p99", "short-request TTFT p99 (ms)", "Short requests: TTFT"),
+              ("long_ttft_ms_median", "long-request TTFT median (ms)", "Long requests: TTFT")]
+    on = table[table.chunked_prefill].sort_values("max_num_batched_tokens")
+    off = table[~table.chunked_prefill]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (col, ylabel, name) in zip(axes, panels):
+        if len(on):
+            ax.plot(on.max_num_batched_tokens, on[col], marker="o", label="chunked prefill on")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(list(on.max_num_batched_tokens))
+            ax.set_xticklabels([str(int(b)) for b in on.max_num_batched_tokens])
+        for _, row in off.iterrows():
+            ax.axhline(row[col], color="tab:red", linestyle="--",
+                       label=f"chunked prefill off (budget {row.max_num_batched_tokens:g})")
+        ax.set_xlabel("max_num_batched_tokens (tokens per engine step)")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.set_title(name)
+        ax.legend(fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+__all__ = ["Arm", "Workload", "arm_flags", "arm_label", "arm_row", "chunked_prefill_sweep",
+           "decode_stall", "decoding_when_long_arrived", "mixed_schedule", "mixed_workload",
+           "parse_iteration_log", "plot_sweep", "run_arm", "step_stats", "StepLog"]

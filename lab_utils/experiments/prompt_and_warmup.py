@@ -1,0 +1,416 @@
+"""Experiments of `03_prompt_length_and_warmup`: does a shorter system prompt
+lower TTFT (with the prefix cache off and on), does it keep the behaviour the
+prompt asks for, and what does the first request after a server start cost
+(cold) against later ones (warm), with and without the article's warm-up
+routine (`warm_up`: one `max_tokens=1` request, then pre-filling prefixes).
+
+vLLM caches whole KV blocks only (`block_size` tokens, 128 on the CPU build),
+so a prefix that fills less than one block can never be a prefix-cache hit:
+`prefix_blocks` and the per-request `cached_tokens` make that visible.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import pandas as pd
+
+from ..client import Load, RequestSpec, Run
+from ..metrics import summarize
+from ..results import Results, measure
+from ..server import ArmUnavailable
+from ..workloads import chat, chat_questions, system_prompts
+
+#: System prompts by name: the dataset's verbose and compact forms, or none.
+PROMPT_NAMES = ("long", "short", "none")
+
+#: The system prompt of the cold-start requests: the article's own warm-up
+#: prefix, so the warm-up routine pre-fills exactly what the first user sends.
+COLD_SYSTEM = "You are a professional assistant."
+
+_QUALITY_COLUMNS = ["check", "question", "expect_any", "system_prompt", "answer", "passed",
+                    "output_tokens", "finish_reason"]
+_PROMPT_COLUMNS = ["system_prompt", "prefix_caching", "question", "prompt_tokens",
+                   "cached_tokens", "output_tokens", "ttft_ms", "e2e_ms", "tpot_ms", "ok"]
+
+
+# --------------------------------------------------------------------------
+# Pure helpers (unit-tested without a server)
+# --------------------------------------------------------------------------
+
+def system_prompt_text(name: str) -> str | None:
+    """The text of system prompt `name` ("long", "short") or None for "none"."""
+    if name not in PROMPT_NAMES:
+        raise ValueError(f"unknown system prompt {name!r}; choose from {PROMPT_NAMES}")
+    return None if name == "none" else system_prompts()[name]
+
+
+def interleaved_specs(names: Sequence[str], n_questions: int, *, max_tokens: int = 16,
+                      first_question: int = 0) -> list[RequestSpec]:
+    """`n_questions` chat questions, each asked once with every system prompt
+    in `names`, alternating (q1/long, q1/short, q2/long, ...) so that a load
+    change on a shared machine hits every arm alike. Tag = prompt name."""
+    if n_questions < 1:
+        raise ValueError(f"n_questions must be >= 1, got {n_questions!r}")
+    qs = chat_questions()
+    specs = []
+    for i in range(n_questions):
+        q = qs[(first_question + i) % len(qs)]["question"]
+        for name in names:
+            specs.append(RequestSpec(messages=chat(q, system_prompt_text(name)),
+                                     max_tokens=max_tokens, tag=name))
+    return specs
+
+
+def check_passed(answer: str, expect_any: Iterable[str]) -> bool:
+    """The dataset's rule: the lower-cased answer contains one expected string."""
+    text = (answer or "").lower()
+    return any(e.lower() in text for e in expect_any)
+
+
+def prefix_blocks(prompt_tokens: int | None, block_size: int | None) -> int | None:
+    """Whole KV blocks a prompt fills: the most of it the prefix cache can hold."""
+    if prompt_tokens is None or not block_size:
+        return None
+    return int(prompt_tokens) // int(block_size)
+
+
+def block_size_of(engine) -> int | None:
+    """The engine's KV block size, from vLLM's `cache_config_info` metric."""
+    value = (getattr(engine, "info", None) or {}).get("cache_config", {}).get("block_size")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def prefix_caching_of(engine) -> bool | None:
+    """Whether the server runs with prefix caching, as it reports it itself."""
+    value = (getattr(engine, "info", None) or {}).get("cache_config", {}) \
+        .get("enable_prefix_caching")
+    if value is None:
+        flag = getattr(engine, "flags", {}).get("enable_prefix_caching")
+        return None if flag is None else bool(flag)
+    return str(value).lower() == "true"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_STAMP = re.compile(r"\b(\d\d-\d\d \d\d:\d\d:\d\d)\b")
+
+#: (event, pattern, group holding the duration vLLM reports itself, if any)
+STARTUP_EVENTS = (
+    ("API server process logging", r"non-default args", None),
+    ("engine core process up", r"Initializing a V1 LLM engine", None),
+    ("model load started", r"Starting to load model", None),
+    ("weights loaded", r"Loading weights took ([\d.]+) seconds", 1),
+    ("KV cache allocated", r"KV cache size: ([\d,]+) tokens", None),
+    ("engine ready (profile, KV cache, warm-up)",
+     r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s", 1),
+    ("chat template inspected", r"Detected the chat template content format", None),
+    ("HTTP server listening", r"Starting vLLM server on", None),
+)
+
+
+def latest_start(log_text: str) -> str:
+    """The part of a server log written by its latest start (a restart with
+    the same flags appends to the same file after a `$ command` line)."""
+    lines = _ANSI.sub("", log_text).splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("$ ")]
+    return "\n".join(lines[starts[-1]:] if starts else lines)
+
+
+def startup_events(log_text: str, launched_at: _dt.datetime | None = None) -> pd.DataFrame:
+    """What vLLM logs while it starts, one row per milestone: the log time,
+    seconds since launch (or since the first time-stamped line) and the
+    duration vLLM reports itself. Log stamps have one-second resolution."""
+    text = latest_start(log_text)
+    first = None
+    rows = []
+    for line in text.splitlines():
+        m = _STAMP.search(line)
+        if not m:
+            continue
+        first = first or m.group(1)
+        for event, pattern, group in STARTUP_EVENTS:
+            hit = re.search(pattern, line)
+            if hit and not any(r["event"] == event for r in rows):
+                reported = float(hit.group(group)) if group else math.nan
+                rows.append({"event": event, "log_time": m.group(1), "reported_s": reported})
+    frame = pd.DataFrame(rows, columns=["event", "log_time", "reported_s"])
+    if frame.empty:
+        return frame.assign(since_launch_s=pd.Series(dtype=float))
+    year = (launched_at or _dt.datetime.now()).year
+    times = pd.to_datetime(f"{year}-" + frame.log_time, format="%Y-%m-%d %H:%M:%S")
+    origin = pd.Timestamp(launched_at.replace(microsecond=0)) if launched_at else \
+        pd.to_datetime(f"{year}-{first}", format="%Y-%m-%d %H:%M:%S")
+    frame.insert(2, "since_launch_s", (times - origin).dt.total_seconds())
+    return frame
+
+
+def log_after_startup(log_text: str, skip: Sequence[str] = ("GET /metrics", "GET /health")) -> list[str]:
+    """The lines the latest start logged once it served (minus scrapes/polls):
+    what vLLM says about the first requests."""
+    lines = latest_start(log_text).splitlines()
+    cut = next((i for i, line in enumerate(lines) if "Application startup complete" in line), None)
+    after = lines[cut + 1:] if cut is not None else []
+    return [line for line in after if not any(s in line for s in skip)]
+
+
+def side_by_side(frame: pd.DataFrame) -> pd.DataFrame:
+    """Quality checks wide: one row per check, answer and pass per prompt."""
+    if frame.empty:
+        return frame
+    wide = frame.pivot_table(index=["check", "question"], columns="system_prompt",
+                             values=["answer", "passed"], aggfunc="first")
+    out = pd.DataFrame(index=wide.index)
+    for name in dict.fromkeys(frame.system_prompt):
+        out[f"{name}: pass"] = wide[("passed", name)].map({True: "PASS", False: "fail"})
+        out[f"{name}: answer"] = wide[("answer", name)]
+    return out.reset_index()
+
+
+def summary_by(frame: pd.DataFrame, by: Sequence[str],
+               metrics: Sequence[str] = ("ttft_ms", "e2e_ms")) -> pd.DataFrame:
+    """Median, p90, p99 of each metric per group, with request counts and the
+    median prompt and cached tokens (the mechanism next to the latency)."""
+    ok = frame[frame.ok] if "ok" in frame else frame
+    g = ok.groupby(list(by), sort=False)
+    out = g.size().rename("requests").to_frame()
+    for col in ("prompt_tokens", "cached_tokens"):
+        if col in ok:
+            out[f"{col}_median"] = g[col].median()
+    for m in metrics:
+        out[f"{m}_median"] = g[m].median()
+        out[f"{m}_p90"] = g[m].quantile(0.9)
+        out[f"{m}_p99"] = g[m].quantile(0.99)
+    return out
+
+
+# --------------------------------------------------------------------------
+# Shorter input: TTFT and total latency per system prompt and cache setting
+# --------------------------------------------------------------------------
+
+def _engine_or_note(ctx, results: Results | None, **flags: Any):
+    try:
+        return ctx.engine(**flags)
+    except ArmUnavailable as exc:
+        (results or ctx.results).note(f"skipped arm {flags}: {exc}")
+        print(f"skipped: {exc}")
+        return None
+
+
+def prompt_length_arm(ctx, cache: bool, n_questions: int, *,
+                      prompts: Sequence[str] = ("long", "short"), max_tokens: int = 16,
+                      results: Results | None = None, progress: bool = True) -> pd.DataFrame:
+    """Sequential requests, the same questions with each system prompt in turn,
+    on the engine with `enable_prefix_caching=cache`. One row per request."""
+    engine = _engine_or_note(ctx, results, enable_prefix_caching=bool(cache))
+    if engine is None:
+        return pd.DataFrame(columns=_PROMPT_COLUMNS)
+    specs = interleaved_specs(prompts, n_questions, max_tokens=max_tokens)
+    state = "on" if cache else "off"
+    label = f"system prompt {'/'.join(prompts)}, prefix caching {state}"
+    run = measure(engine, specs, Load.sequential(), label=label, results=results,
+                  progress=progress)
+    if results is not None:  # the arm mixes prompts: add a summary per prompt
+        results.data["arms"][label]["by_system_prompt"] = {
+            name: summarize([r for r in run.records if r.tag == name], run.duration_s)
+            for name in prompts}
+        results.save()
+    frame = run.frame()
+    questions = [s.messages[-1]["content"] for s in specs]
+    frame = frame.assign(system_prompt=frame.tag, prefix_caching=state,
+                         question=[questions[i] for i in frame["index"]])
+    frame.attrs["counters"] = run.counters
+    frame.attrs["engine"] = engine.label
+    return frame
+
+
+# --------------------------------------------------------------------------
+# Quality: does the shorter prompt keep the behaviour?
+# --------------------------------------------------------------------------
+
+def quality_checks(engine, prompts: Sequence[str] = ("long", "short"), *,
+                   max_tokens: int = 80, results: Results | None = None,
+                   progress: bool = True) -> pd.DataFrame:
+    """The dataset's fixed checks, answered greedily (temperature 0) with each
+    system prompt. All requests go in at once: decode steps are batched, so the
+    check costs about as much as its longest answer."""
+    checks = system_prompts()["checks"]
+    specs, meta = [], []
+    for k, check in enumerate(checks, 1):
+        for name in prompts:
+            specs.append(RequestSpec(messages=chat(check["question"], system_prompt_text(name)),
+                                     max_tokens=max_tokens, temperature=0.0, tag=name))
+            meta.append((k, check))
+    run = measure(engine, specs, Load.concurrent(len(specs)), label="quality checks",
+                  results=results, progress=progress)
+    rows = []
+    for rec in sorted(run.records, key=lambda r: r.index):
+        k, check = meta[rec.index]
+        rows.append({"check": k, "question": check["question"],
+                     "expect_any": ", ".join(check["expect_any"]), "system_prompt": rec.tag,
+                     "answer": rec.text.strip(), "passed": rec.ok and check_passed(
+                         rec.text, check["expect_any"]),
+                     "output_tokens": rec.output_tokens, "finish_reason": rec.finish_reason})
+    return pd.DataFrame(rows, columns=_QUALITY_COLUMNS)
+
+
+# --------------------------------------------------------------------------
+# Warm-up: the article's routine, and cold against warm requests
+# --------------------------------------------------------------------------
+
+def warm_up(engine, prefixes: Sequence[str], *, dummy: bool = True,
+            results: Results | None = None, label: str = "warm-up routine",
+            progress: bool = False) -> pd.DataFrame:
+    """The article's start-up routine: one dummy `max_tokens=1` request, then
+    one `max_tokens=1` request per prefix, sent as the system message so its
+    tokens are exactly what a later chat request with that system prompt
+    starts with. Returns one row per warm-up request: its prompt tokens, the
+    whole KV blocks it fills (what the prefix cache can keep of it) and TTFT;
+    `attrs["counters"]` holds the /metrics deltas of the routine."""
+    specs = [RequestSpec(messages=chat("Hello"), max_tokens=1, tag="dummy")] if dummy else []
+    specs += [RequestSpec(messages=[{"role": "system", "content": p}], max_tokens=1,
+                          tag="prefix") for p in prefixes]
+    if not specs:
+        return pd.DataFrame(columns=["step", "text", "prompt_tokens", "kv_blocks", "ttft_ms"])
+    run = measure(engine, specs, Load.sequential(), label=label, results=results,
+                  progress=progress)
+    block = block_size_of(engine)
+    rows = []
+    for rec in sorted(run.records, key=lambda r: r.index):
+        spec = specs[rec.index]
+        text = spec.messages[-1]["content"]
+        rows.append({"step": "dummy, max_tokens=1" if spec.tag == "dummy" else "pre-fill prefix",
+                     "text": text if len(text) <= 60 else text[:57] + "...",
+                     "prompt_tokens": rec.prompt_tokens,
+                     "kv_blocks": prefix_blocks(rec.prompt_tokens, block),
+                     "ttft_ms": rec.ttft * 1e3 if rec.ttft is not None else math.nan})
+    frame = pd.DataFrame(rows)
+    frame.attrs["counters"] = run.counters
+    frame.attrs["block_size"] = block
+    return frame
+
+
+def fresh_engine(ctx, **flags: Any):
+    """Stop every server of the notebook and start a new one with `flags`
+    (a cold process: nothing has run through it yet). Records the launch time
+    in `engine.info["launched_at"]` (ISO text) for the start-up timeline."""
+    ctx.engines.close()
+    launched = _dt.datetime.now()
+    engine = ctx.engine(**flags)
+    engine.info["launched_at"] = launched.isoformat(timespec="seconds")
+    return engine
+
+
+def _server_split(run: Run) -> dict[str, float]:
+    c = run.counters or {}
+    ms = lambda key: c.get(key) * 1e3 if c.get(key) is not None else math.nan  # noqa: E731
+    return {"server_ttft_ms": ms("server_ttft_s_mean"),
+            "server_queue_ms": ms("server_queue_s_mean"),
+            "server_prefill_ms": ms("server_prefill_s_mean"),
+            "prefix_cache_hits": c.get("prefix_cache_hits", math.nan)}
+
+
+def first_requests(engine, warm_requests: int, *, start: int, arm: str,
+                   system: str = COLD_SYSTEM, max_tokens: int = 8,
+                   results: Results | None = None, progress: bool = False) -> pd.DataFrame:
+    """The first user request on `engine`, then `warm_requests` more, one at a
+    time, all with the same short system prompt (under one KV block, so the
+    prefix cache cannot make later requests cheaper). The first is measured on
+    its own so the server's TTFT/queue/prefill histograms give its exact
+    split; for the later ones they give the run's means."""
+    qs = chat_questions()
+    specs = [RequestSpec(messages=chat(qs[i % len(qs)]["question"], system),
+                         max_tokens=max_tokens, tag="first" if i == 0 else "later")
+             for i in range(1 + warm_requests)]
+    prefix = f"start {start} ({arm})"
+    first = measure(engine, specs[:1], Load.sequential(), label=f"{prefix}: first request",
+                    results=results, progress=progress)
+    runs = [(first, 1)]
+    if warm_requests:
+        later = measure(engine, specs[1:], Load.sequential(),
+                        label=f"{prefix}: next {warm_requests} requests", results=results,
+                        progress=progress)
+        runs.append((later, 2))
+    frames = []
+    for run, order0 in runs:
+        frames.append(run.frame().assign(order=lambda f, o=order0: f["index"] + o,
+                                         **_server_split(run)))
+    frame = pd.concat(frames, ignore_index=True)
+    frame = frame.assign(start=start, arm=arm, engine=engine.label,
+                         request=lambda f: f.order.map(lambda o: "first" if o == 1 else "later"),
+                         startup_s=engine.server.startup_s if engine.server else math.nan)
+    return frame
+
+
+def cold_start_experiment(ctx, fresh_starts: int, warm_requests: int,
+                          prefixes: Sequence[str], *, results: Results | None = None,
+                          **flags: Any) -> tuple[pd.DataFrame, list[pd.DataFrame], list[pd.DataFrame]]:
+    """`fresh_starts` new servers with `flags`, alternating: without warm-up,
+    then with `warm_up(engine, prefixes)` before the first user request.
+    Returns (requests frame, start-up timelines, warm-up frames); the last
+    server is left running for the next experiments."""
+    frames, timelines, warmups = [], [], []
+    for i in range(fresh_starts):
+        with_warmup = i % 2 == 1
+        arm = "warm-up routine" if with_warmup else "no warm-up"
+        try:
+            engine = fresh_engine(ctx, **flags)
+        except ArmUnavailable as exc:
+            (results or ctx.results).note(f"cold-start experiment skipped: {exc}")
+            break
+        if engine.server is None:
+            (results or ctx.results).note("cold-start experiment skipped: a remote server "
+                                          "cannot be restarted from here")
+            break
+        log = Path(engine.server.log_path).read_text(errors="replace")
+        launched = engine.info.get("launched_at")
+        launched = _dt.datetime.fromisoformat(launched) if launched else None
+        timelines.append(startup_events(log, launched)
+                         .assign(start=i + 1, startup_s=engine.server.startup_s))
+        if with_warmup:
+            warmups.append(warm_up(engine, prefixes, results=results,
+                                   label=f"start {i + 1}: warm-up routine").assign(start=i + 1))
+        frames.append(first_requests(engine, warm_requests, start=i + 1, arm=arm,
+                                     results=results))
+    requests = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return requests, timelines, warmups
+
+
+def where_first_request_time_goes(requests: pd.DataFrame) -> pd.DataFrame:
+    """Client TTFT split with the server's own histograms, per arm: the
+    first request against the mean of the later ones. `http_and_stream_ms` is
+    the part outside the server's clock (HTTP parsing, response streaming);
+    `frontend_ms` is render + tokenize + hand-off inside the API server and
+    engine before the request is scheduled; `prefill_ms` is the model's
+    forward pass and sampling of the first token."""
+    if requests.empty:
+        return requests
+    g = requests.groupby(["arm", "request"], sort=False)
+    out = g.agg(requests=("ttft_ms", "size"), client_ttft_ms=("ttft_ms", "median"),
+                server_ttft_ms=("server_ttft_ms", "median"),
+                server_queue_ms=("server_queue_ms", "median"),
+                prefill_ms=("server_prefill_ms", "median"),
+                cached_tokens=("cached_tokens", "max"))
+    out.insert(3, "http_and_stream_ms", out.client_ttft_ms - out.server_ttft_ms)
+    out.insert(5, "frontend_ms", out.server_ttft_ms - out.server_queue_ms - out.prefill_ms)
+    return out
+
+
+def explore_prompt_length(ctx, prompts: Sequence[str], cache: bool, n_questions: int,
+                          max_tokens: int) -> pd.DataFrame:
+    """What the Explore widget runs: one prompt-length arm, summarised."""
+    frame = prompt_length_arm(ctx, cache, n_questions, prompts=list(prompts) or ["short"],
+                              max_tokens=max_tokens, progress=True)
+    return summary_by(frame, ["prefix_caching", "system_prompt"]) if not frame.empty else frame
+
+
+__all__ = ["PROMPT_NAMES", "COLD_SYSTEM", "system_prompt_text", "interleaved_specs",
+           "check_passed", "prefix_blocks", "block_size_of", "prefix_caching_of",
+           "latest_start", "startup_events", "log_after_startup", "side_by_side", "summary_by",
+           "prompt_length_arm", "quality_checks", "warm_up", "fresh_engine", "first_requests",
+           "cold_start_experiment", "where_first_request_time_goes", "explore_prompt_length"]
