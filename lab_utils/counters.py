@@ -84,7 +84,9 @@ def parse_metrics(text: str) -> Snapshot:
     gauges = {}
     for key, name in GAUGES.items():
         fam = by_family.get(name)
-        gauges[key] = sum(s.value for s in fam.samples) if fam else 0.0
+        values = [s.value for s in fam.samples] if fam else []
+        # Counts add up over engines; a usage ratio does not (the fullest engine matters).
+        gauges[key] = max(values, default=0.0) if key == "kv_cache_usage" else sum(values)
     histograms = {}
     for key, name in HISTOGRAMS.items():
         fam = by_family.get(name)

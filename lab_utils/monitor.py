@@ -37,7 +37,8 @@ class LatencyMonitor:
                          "ttft_ms": r.ttft * 1e3, "tpot_ms": tpot_s * 1e3,
                          "total_ms": r.e2e * 1e3, "output_tokens": n,
                          "alert": "; ".join(alerts)})
-        return pd.DataFrame(rows)
+        return pd.DataFrame(rows, columns=["index", "label", "tag", "ttft_ms", "tpot_ms",
+                                           "total_ms", "output_tokens", "alert"])
 
     def alert_counts(self, breakdown) -> dict[str, int]:
         alerts = breakdown["alert"].fillna("")

@@ -33,6 +33,8 @@ def parameter_defaults(notebook: str | Path) -> dict[str, Any]:
 
 
 def _same_kind(default: Any, value: Any) -> bool:
+    if default is None:
+        return True  # an optional parameter: any value overrides it
     if isinstance(default, bool) or isinstance(value, bool):
         return isinstance(default, bool) and isinstance(value, bool)
     if isinstance(default, float):

@@ -270,6 +270,11 @@ def check_known_options(items: Mapping[str, Any], options: Mapping[str, dict] | 
                 name, [o for o in options if not o.startswith("no-")], n=3)
             hint = f"; did you mean {', '.join(c.replace('-', '_') for c in close)}?" if close else ""
             problems.append(f"unknown vLLM option {key!r}{hint}")
+        elif value is False and not spec["boolean"]:
+            problems.append(f"{key}=False: vLLM's --{name} takes no value; leave {key} out")
+        elif value is False and "no-" + name not in options and not name.startswith("no-"):
+            problems.append(f"{key}=False cannot be passed (vLLM has no --no-{name}); "
+                            f"leave {key} out to keep its default")
         elif spec["choices"] and not isinstance(value, bool) and str(value) not in spec["choices"]:
             problems.append(f"{key}={value!r} is not one of {spec['choices']}")
     if problems:

@@ -45,7 +45,7 @@ _fresh = itertools.count(1)
 # --------------------------------------------------------------------------
 
 def mixed_schedule(n_short: int, short_rate: float, long_at: Sequence[float], *,
-                   anchor_lead_s: float = 0.8, seed: int = 0) -> list[tuple[float, str]]:
+                   anchor_lead_s: float = 0.4, seed: int = 0) -> list[tuple[float, str]]:
     """Send times (s from the run start) and tags, sorted by time.
 
     Short requests arrive as a seeded Poisson stream at `short_rate` req/s
@@ -81,8 +81,8 @@ class Workload:
 
 
 def mixed_workload(engine, *, n_short: int = 12, short_rate: float = 1.5,
-                   long_at: Sequence[float] = (2.0, 7.0), long_prompt_tokens: int = 1536,
-                   short_output_tokens: int = 24, long_output_tokens: int = 8,
+                   long_at: Sequence[float] = (1.5, 5.0, 8.5), long_prompt_tokens: int = 1536,
+                   short_output_tokens: int = 32, long_output_tokens: int = 8,
                    seed: int = 0) -> Workload:
     """Short chat requests (chat_questions.jsonl, exactly `short_output_tokens`
     output tokens each) and long completions requests of exactly
@@ -131,6 +131,15 @@ def decode_stall(records: Sequence[RequestRecord]) -> dict[str, float]:
                 "stall_itl_ms_p99": math.nan}
     return {"stalled_requests": len(hit), "stall_itl_ms_max": float(gaps.max()),
             "stall_itl_ms_p99": float(np.percentile(gaps, 99))}
+
+
+def arrived_during_long_prefill(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """Short requests sent while some long request was waiting for its first
+    token (its prompt queued or being prefilled)."""
+    windows = [(r.start, r.start + r.ttft) for r in records
+               if r.tag == LONG and r.ok and r.ttft is not None]
+    return [r for r in records if r.tag == SHORT and r.ok
+            and any(lo <= r.start < hi for lo, hi in windows)]
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -205,6 +214,7 @@ class Arm:
     chunked: bool
     budget: int | None                 # max_num_batched_tokens (None = server default)
     run: Run
+    threshold: int = 0                 # long_prefill_token_threshold (0 = none)
     steps: pd.DataFrame = field(default_factory=lambda: parse_iteration_log(""))
 
     @property
@@ -221,10 +231,13 @@ def arm_row(arm: Arm) -> dict[str, Any]:
     c = arm.run.counters or {}
     out_tokens = sum(r.output_tokens or 0 for r in recs)
     return {"arm": arm.label, "chunked_prefill": arm.chunked, "max_num_batched_tokens": arm.budget,
+            "long_prefill_token_threshold": arm.threshold,
             "short_ttft_ms_p50": _pct([r.ttft * 1e3 for r in short], 50),
             "short_ttft_ms_p99": _pct([r.ttft * 1e3 for r in short], 99),
             "long_ttft_ms_median": _pct([r.ttft * 1e3 for r in long], 50),
             "long_ttft_ms_max": _pct([r.ttft * 1e3 for r in long], 100),
+            "blocked_short_ttft_ms_median": _pct(
+                [r.ttft * 1e3 for r in arrived_during_long_prefill(arm.records)], 50),
             **decode_stall(arm.records),
             "short_itl_ms_p50": _pct([g * 1e3 for r in short for g in r.itl], 50),
             "output_tok_s": out_tokens / arm.run.duration_s if arm.run.duration_s else math.nan,
@@ -243,70 +256,103 @@ def _ms(seconds: float | None) -> float:
 
 
 def arm_flags(chunked: bool, budget: int | None, max_model_len: int | None, *,
-              log_steps: bool = True) -> dict[str, Any]:
+              threshold: int = 0, log_steps: bool = True) -> dict[str, Any]:
     """Engine flags of one arm.
 
     With chunked prefill off, vLLM requires max_num_batched_tokens >=
     max_model_len (SchedulerConfig.verify_max_model_len) and, left unset,
     picks max(max_model_len, its default), so the off arm asks for exactly
-    max_model_len. `log_steps` adds --enable-logging-iteration-details (the
-    same in every arm): the server then logs every engine step."""
+    max_model_len. `threshold` > 0 adds --long-prefill-token-threshold (chunked
+    arms only). `log_steps` adds --enable-logging-iteration-details (the same in
+    every arm): the server then logs every engine step."""
     flags: dict[str, Any] = {"enable_chunked_prefill": bool(chunked)}
     if chunked:
         if budget:
             flags["max_num_batched_tokens"] = int(budget)
-    elif budget or max_model_len:
-        need = int(max_model_len or 0)
-        if budget and need and budget < need:
-            raise ValueError(f"with chunked prefill off, max_num_batched_tokens ({budget}) must "
-                             f"be >= max_model_len ({need}); vLLM refuses to start otherwise")
-        flags["max_num_batched_tokens"] = int(budget or need)
+        if threshold:
+            flags["long_prefill_token_threshold"] = int(threshold)
+    else:
+        if threshold:
+            raise ValueError("long_prefill_token_threshold only applies with chunked prefill on")
+        if budget or max_model_len:
+            need = int(max_model_len or 0)
+            if budget and need and budget < need:
+                raise ValueError(f"with chunked prefill off, max_num_batched_tokens ({budget}) "
+                                 f"must be >= max_model_len ({need}); vLLM refuses to start "
+                                 "otherwise")
+            flags["max_num_batched_tokens"] = int(budget or need)
     if log_steps:
         flags["enable_logging_iteration_details"] = True
     return flags
 
 
-def _warm_up(engine) -> None:
-    """One short request first: the first call on a fresh engine pays one-time costs."""
-    Client.for_engine(engine).run(chat_specs(1, max_tokens=4, seed=99), Load.sequential(),
-                                  progress=False)
+def arm_label(chunked: bool, budget: int | None, threshold: int = 0) -> str:
+    if not chunked:
+        return f"off (budget {budget})" if budget else "off"
+    label = f"on, budget {budget}" if budget else "on (default budget)"
+    return label + (f", threshold {threshold}" if threshold else "")
+
+
+def _warm_up(engine, workload: Workload) -> None:
+    """One short and one long request first, not measured: the first pass of a
+    shape through a fresh engine pays one-time costs that would land on
+    whichever arm happens to meet it first."""
+    warm = [chat_specs(1, max_tokens=4, seed=99)[0]]
+    if workload.n_long:
+        warm += synthetic_specs(tokenizer_for(engine), 1, workload.long_prompt_tokens,
+                                max_tokens=1, seed=next(_fresh) * 7919 + 1, tag="warm-up")
+    Client.for_engine(engine).run(warm, Load.sequential(), progress=False)
 
 
 def run_arm(engine, workload: Workload, *, label: str, chunked: bool, budget: int | None,
-            results: Results | None = None, progress: bool = True) -> Arm:
+            threshold: int = 0, results: Results | None = None, progress: bool = True) -> Arm:
     """Send the workload once on `engine`; keep the counter deltas (in
     `run.counters`) and the engine steps the server logged meanwhile."""
-    _warm_up(engine)
+    _warm_up(engine, workload)
     log = StepLog(engine).start()
     run = measure(engine, workload.specs, workload.load, label=label, results=results,
                   progress=progress, workload=workload.description)
-    arm = Arm(label, chunked, budget, run, log.read())
+    arm = Arm(label, chunked, budget, run, threshold, log.read())
     if results is not None:
         results.data["arms"][label]["engine_steps"] = step_stats(arm.steps)
         results.save()
     return arm
 
 
-def arm_label(chunked: bool, budget: int | None) -> str:
-    if not chunked:
-        return f"off (budget {budget})" if budget else "off"
-    return f"on, budget {budget}" if budget else "on (default budget)"
+def sweep_plan(budgets: Sequence[int], *, include_off: bool = True,
+               threshold: int = 0) -> list[tuple[bool, int | None, int]]:
+    """(chunked, budget, threshold) per arm: off first, then the budgets in
+    ascending order, then (if `threshold`) the smallest budget with
+    --long-prefill-token-threshold. Duplicates are dropped."""
+    plan: list[tuple[bool, int | None, int]] = [(False, None, 0)] if include_off else []
+    for b in sorted({int(b) for b in budgets}):
+        if b < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {b}")
+        plan.append((True, b, 0))
+    if threshold:
+        if not budgets:
+            raise ValueError("a long_prefill_token_threshold arm needs at least one budget")
+        plan.append((True, min(int(b) for b in budgets), int(threshold)))
+    return plan
 
 
 def chunked_prefill_sweep(ctx, budgets: Sequence[int], *, include_off: bool = True,
-                          progress: bool = True, **workload_kw: Any) -> tuple[pd.DataFrame, dict]:
+                          long_prefill_threshold: int = 0, progress: bool = True,
+                          **workload_kw: Any) -> tuple[pd.DataFrame, dict]:
     """Run the same mixed workload with chunked prefill off, then on at each
-    `max_num_batched_tokens` in `budgets` (one engine per arm, one at a time).
+    `max_num_batched_tokens` in `budgets` (one engine per arm, one at a time),
+    and optionally with a long-prefill threshold on the smallest budget.
 
     Arms whose flags a remote target cannot serve are skipped with a note.
     Returns the table (one row per arm) and {label: Arm}."""
     max_model_len = ctx.profile.engine.get("max_model_len")
     log_steps = not ctx.profile.is_remote  # a remote server's log is out of reach
-    plan = ([(False, None)] if include_off else []) + [(True, int(b)) for b in budgets]
     arms: dict[str, Arm] = {}
-    for chunked, budget in plan:
-        flags = arm_flags(chunked, budget, max_model_len, log_steps=log_steps)
-        label = arm_label(chunked, flags.get("max_num_batched_tokens"))
+    for chunked, budget, threshold in sweep_plan(budgets, include_off=include_off,
+                                                 threshold=long_prefill_threshold):
+        flags = arm_flags(chunked, budget, max_model_len, threshold=threshold,
+                          log_steps=log_steps)
+        label = arm_label(chunked, flags.get("max_num_batched_tokens"), threshold)
         try:
             engine = ctx.engine(**flags)
         except ArmUnavailable as exc:
@@ -315,8 +361,8 @@ def chunked_prefill_sweep(ctx, budgets: Sequence[int], *, include_off: bool = Tr
             continue
         workload = mixed_workload(engine, **workload_kw)
         arms[label] = run_arm(engine, workload, label=label, chunked=chunked,
-                              budget=flags.get("max_num_batched_tokens"), results=ctx.results,
-                              progress=progress)
+                              budget=flags.get("max_num_batched_tokens"), threshold=threshold,
+                              results=ctx.results, progress=progress)
     table = pd.DataFrame([arm_row(a) for a in arms.values()]).set_index("arm") if arms \
         else pd.DataFrame()
     return table, arms
@@ -327,13 +373,16 @@ def chunked_prefill_sweep(ctx, budgets: Sequence[int], *, include_off: bool = Tr
 # --------------------------------------------------------------------------
 
 def plot_sweep(table: pd.DataFrame, title: str = "Chunked prefill: what the token budget trades"):
-    """Three panels against max_num_batched_tokens (chunked on, log2 axis), with
-    the chunked-off arm as a dashed line: decode stall, short TTFT p99, long TTFT."""
+    """Three panels against max_num_batched_tokens (log2 axis): decode stall,
+    short-request TTFT p99, long-request TTFT. Chunked-on arms are a line, the
+    chunked-off arm a dashed level, a long-prefill-threshold arm a star."""
     import matplotlib.pyplot as plt
     panels = [("stall_itl_ms_max", "max ITL of streaming short requests (ms)", "Decode stall"),
-              ("short_ttft_ms_p99", "short-request TTFT p99 (ms)", "Short requests: TTFT"),
+              ("short_ttft_ms_p99", "short-request TTFT p99 (ms)", "Short requests: TTFT p99"),
               ("long_ttft_ms_median", "long-request TTFT median (ms)", "Long requests: TTFT")]
-    on = table[table.chunked_prefill].sort_values("max_num_batched_tokens")
+    thr = table.get("long_prefill_token_threshold", pd.Series(0, index=table.index)).fillna(0)
+    on = table[table.chunked_prefill & (thr == 0)].sort_values("max_num_batched_tokens")
+    capped = table[table.chunked_prefill & (thr > 0)]
     off = table[~table.chunked_prefill]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, (col, ylabel, name) in zip(axes, panels):
@@ -342,6 +391,10 @@ def plot_sweep(table: pd.DataFrame, title: str = "Chunked prefill: what the toke
             ax.set_xscale("log", base=2)
             ax.set_xticks(list(on.max_num_batched_tokens))
             ax.set_xticklabels([str(int(b)) for b in on.max_num_batched_tokens])
+        for _, row in capped.iterrows():
+            ax.plot([row.max_num_batched_tokens], [row[col]], marker="*", markersize=14,
+                    linestyle="none", color="tab:green",
+                    label=f"on + long-prefill threshold {row.long_prefill_token_threshold:g}")
         for _, row in off.iterrows():
             ax.axhline(row[col], color="tab:red", linestyle="--",
                        label=f"chunked prefill off (budget {row.max_num_batched_tokens:g})")
@@ -357,4 +410,5 @@ def plot_sweep(table: pd.DataFrame, title: str = "Chunked prefill: what the toke
 
 __all__ = ["Arm", "Workload", "arm_flags", "arm_label", "arm_row", "chunked_prefill_sweep",
            "decode_stall", "decoding_when_long_arrived", "mixed_schedule", "mixed_workload",
-           "parse_iteration_log", "plot_sweep", "run_arm", "step_stats", "StepLog"]
+           "arrived_during_long_prefill", "parse_iteration_log", "plot_sweep", "run_arm",
+           "step_stats", "StepLog", "sweep_plan"]

@@ -385,8 +385,9 @@ def plot_gains_track_hits(frames: Sequence[pd.DataFrame], title: str = "TTFT fol
         sns.scatterplot(data=data, x=x, y="ttft_ms", hue="arm", style="experiment",
                         hue_order=["off", "on"], alpha=0.75, ax=ax)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("TTFT (ms)")
-        ax.legend(fontsize="small")
+        ax.set_ylabel("TTFT (ms, log scale)")
+        ax.set_yscale("log")
+        ax.legend(fontsize="x-small", ncol=2)
     axes[0].set_title("TTFT against prefix-cache hits")
     axes[1].set_title("TTFT against prefill work left")
     fig.suptitle(title)
@@ -396,27 +397,28 @@ def plot_gains_track_hits(frames: Sequence[pd.DataFrame], title: str = "TTFT fol
 
 def plot_block_hits(frame: pd.DataFrame, block_size: int,
                     title: str = "Only full KV blocks are cached"):
-    """Measured cached tokens ("on" arm) against shared-prefix length, with the
-    full-block prediction and the block boundaries."""
+    """Per shared-prefix case ("on" arm): tokens shared, cached tokens measured
+    (median) and the full-block prediction, with the block boundaries."""
     import matplotlib.pyplot as plt
-    data = _measured(frame)
-    data = data[data.arm == "on"]
-    if data.empty:
+    table = block_table(frame)
+    if table.empty or table.cached_on.isna().all():
         print("no 'on' arm requests to draw")
         return None
-    fig, ax = plt.subplots(figsize=(7, 4))
-    per = data.groupby("prefix_len").agg(cached=("cached_tokens", "median"),
-                                        predicted=("predicted_cached", "first"))
-    ax.plot(per.index, per.index, ":", color="grey", label="shared prefix (y = x)")
-    ax.step(per.index, per.predicted, where="post", color="tab:orange",
-            label=f"predicted: floor(shared / {block_size}) × {block_size}")
-    ax.scatter(per.index, per.cached, s=60, zorder=3, label="measured cached tokens (median)")
-    for b in range(block_size, int(per.index.max()) + 1, block_size):
-        ax.axvline(b, color="tab:red", alpha=0.3, lw=1)
+    x = np.arange(len(table))
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    ax.bar(x - 0.2, table.shared_tokens, 0.4, color="lightgrey", label="tokens shared")
+    ax.bar(x + 0.2, table.cached_on, 0.4, color="tab:blue",
+           label="cached tokens reported (median)")
+    ax.scatter(x + 0.2, table.predicted_cached, marker="_", s=600, color="tab:orange",
+               zorder=3, label=f"predicted: floor(shared / {block_size}) × {block_size}")
+    for k in range(1, int(table.shared_tokens.max()) // block_size + 1):
+        ax.axhline(k * block_size, color="tab:red", ls=":", lw=1,
+                   label="block boundary" if k == 1 else None)
+    ax.set_xticks(x, [str(p) for p in table.index])
     ax.set_xlabel("shared prefix length (tokens)")
-    ax.set_ylabel("cached tokens per request")
-    ax.set_xticks(list(per.index))
-    ax.legend(fontsize="small")
+    ax.set_ylabel("tokens per request")
+    ax.set_ylim(0, table.shared_tokens.max() * 1.5)  # room for the legend
+    ax.legend(fontsize="small", loc="upper left", ncol=2)
     fig.suptitle(title)
     fig.tight_layout()
     return fig

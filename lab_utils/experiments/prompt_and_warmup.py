@@ -11,6 +11,7 @@ so a prefix that fills less than one block can never be a prefix-cache hit:
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import math
 import re
 from pathlib import Path
@@ -193,13 +194,32 @@ def summary_by(frame: pd.DataFrame, by: Sequence[str],
 # Shorter input: TTFT and total latency per system prompt and cache setting
 # --------------------------------------------------------------------------
 
-def _engine_or_note(ctx, results: Results | None, **flags: Any):
+def engine_or_none(ctx, *, fresh: bool = False, results: Results | None = None,
+                   **flags: Any):
+    """`ctx.engine(**flags)`, or None (and a note in the results) when the
+    target cannot serve these flags (a remote server without that arm).
+
+    `fresh=True` stops every server of the notebook first, so the engine is a
+    new process that has served nothing; its launch and ready times go to
+    `engine.info["launched_at"]` / `["ready_at"]` (ISO text)."""
+    if fresh:
+        ctx.engines.close()
+    launched = _dt.datetime.now()
     try:
-        return ctx.engine(**flags)
+        engine = ctx.engine(**flags)
     except ArmUnavailable as exc:
-        (results or ctx.results).note(f"skipped arm {flags}: {exc}")
+        (results or ctx.results).note(f"skipped the arm {flags}: {exc}")
         print(f"skipped: {exc}")
         return None
+    if fresh:
+        engine.info["launched_at"] = launched.isoformat(timespec="seconds")
+        engine.info["ready_at"] = _dt.datetime.now().isoformat(timespec="seconds")
+    return engine
+
+
+def fresh_engine(ctx, *, results: Results | None = None, **flags: Any):
+    """A newly started server with `flags` (see `engine_or_none`)."""
+    return engine_or_none(ctx, fresh=True, results=results, **flags)
 
 
 def prompt_length_arm(ctx, cache: bool, n_questions: int, *,
@@ -207,7 +227,7 @@ def prompt_length_arm(ctx, cache: bool, n_questions: int, *,
                       results: Results | None = None, progress: bool = True) -> pd.DataFrame:
     """Sequential requests, the same questions with each system prompt in turn,
     on the engine with `enable_prefix_caching=cache`. One row per request."""
-    engine = _engine_or_note(ctx, results, enable_prefix_caching=bool(cache))
+    engine = engine_or_none(ctx, results=results, enable_prefix_caching=bool(cache))
     if engine is None:
         return pd.DataFrame(columns=_PROMPT_COLUMNS)
     specs = interleaved_specs(prompts, n_questions, max_tokens=max_tokens)
@@ -239,6 +259,8 @@ def quality_checks(engine, prompts: Sequence[str] = ("long", "short"), *,
     """The dataset's fixed checks, answered greedily (temperature 0) with each
     system prompt. All requests go in at once: decode steps are batched, so the
     check costs about as much as its longest answer."""
+    if engine is None:
+        return pd.DataFrame(columns=_QUALITY_COLUMNS)
     checks = system_prompts()["checks"]
     specs, meta = [], []
     for k, check in enumerate(checks, 1):
@@ -275,7 +297,7 @@ def warm_up(engine, prefixes: Sequence[str], *, dummy: bool = True,
     specs = [RequestSpec(messages=chat("Hello"), max_tokens=1, tag="dummy")] if dummy else []
     specs += [RequestSpec(messages=[{"role": "system", "content": p}], max_tokens=1,
                           tag="prefix") for p in prefixes]
-    if not specs:
+    if engine is None or not specs:
         return pd.DataFrame(columns=["step", "text", "prompt_tokens", "kv_blocks", "ttft_ms"])
     run = measure(engine, specs, Load.sequential(), label=label, results=results,
                   progress=progress)
@@ -295,55 +317,95 @@ def warm_up(engine, prefixes: Sequence[str], *, dummy: bool = True,
     return frame
 
 
-def fresh_engine(ctx, **flags: Any):
-    """Stop every server of the notebook and start a new one with `flags`
-    (a cold process: nothing has run through it yet). Records the launch time
-    in `engine.info["launched_at"]` (ISO text) for the start-up timeline."""
-    ctx.engines.close()
-    launched = _dt.datetime.now()
-    engine = ctx.engine(**flags)
-    engine.info["launched_at"] = launched.isoformat(timespec="seconds")
-    return engine
+_REQUEST_COLUMNS = ["start", "arm", "engine", "order", "request", "ttft_ms", "e2e_ms",
+                    "prompt_tokens", "cached_tokens", "server_ttft_ms", "server_queue_ms",
+                    "server_prefill_ms", "prefix_cache_hits", "startup_s"]
 
 
-def _server_split(run: Run) -> dict[str, float]:
-    c = run.counters or {}
-    ms = lambda key: c.get(key) * 1e3 if c.get(key) is not None else math.nan  # noqa: E731
+def _server_split(counters: dict | None) -> dict[str, float]:
+    """The server's own view of one request (histogram deltas of a run of one)."""
+    c = counters or {}
+    ms = lambda key: c[key] * 1e3 if c.get(key) is not None else math.nan  # noqa: E731
     return {"server_ttft_ms": ms("server_ttft_s_mean"),
             "server_queue_ms": ms("server_queue_s_mean"),
             "server_prefill_ms": ms("server_prefill_s_mean"),
             "prefix_cache_hits": c.get("prefix_cache_hits", math.nan)}
 
 
+def measure_one_by_one(engine, specs: Sequence[RequestSpec], *, label: str,
+                       results: Results | None = None) -> list[Run]:
+    """Send `specs` one at a time, each as its own run with its own /metrics
+    deltas (so the server's TTFT, queue and prefill histograms describe that
+    request alone), and record them together as one arm."""
+    runs = [measure(engine, [spec], Load.sequential(), label=label, progress=False)
+            for spec in specs]
+    for i, run in enumerate(runs):
+        run.records[0].index = i
+    if results is not None:
+        records = [run.records[0] for run in runs]
+        with open(results.records_path(label), "w") as out:
+            out.writelines(json.dumps(r.to_json()) + "\n" for r in records)
+        keys = ("prefix_cache_queries", "prefix_cache_hits", "prompt_tokens",
+                "generation_tokens", "requests_success")
+        total = {k: sum((run.counters or {}).get(k) or 0.0 for run in runs) for k in keys}
+        combined = Run(label, "sequential x1, one /metrics delta per request", records,
+                       sum(run.duration_s for run in runs), counters=total)
+        results.add_engine(engine)
+        results.add_arm(label, combined, engine=engine.label,
+                        server_per_request=[_server_split(run.counters) for run in runs])
+    return runs
+
+
 def first_requests(engine, warm_requests: int, *, start: int, arm: str,
                    system: str = COLD_SYSTEM, max_tokens: int = 8,
-                   results: Results | None = None, progress: bool = False) -> pd.DataFrame:
-    """The first user request on `engine`, then `warm_requests` more, one at a
-    time, all with the same short system prompt (under one KV block, so the
-    prefix cache cannot make later requests cheaper). The first is measured on
-    its own so the server's TTFT/queue/prefill histograms give its exact
-    split; for the later ones they give the run's means."""
+                   results: Results | None = None) -> pd.DataFrame:
+    """The first user request on a fresh `engine`, then `warm_requests` more,
+    one at a time, all with the same short system prompt (under one KV block,
+    so the prefix cache cannot make the later ones cheaper). One row per
+    request, with the server's own TTFT/queue/prefill split of it."""
+    if engine is None or engine.server is None:
+        if results is not None:
+            results.note(f"start {start} ({arm}): skipped, the lab did not start this server, "
+                         "so its first request is not a cold one")
+        return pd.DataFrame(columns=_REQUEST_COLUMNS)
     qs = chat_questions()
     specs = [RequestSpec(messages=chat(qs[i % len(qs)]["question"], system),
                          max_tokens=max_tokens, tag="first" if i == 0 else "later")
              for i in range(1 + warm_requests)]
     prefix = f"start {start} ({arm})"
-    first = measure(engine, specs[:1], Load.sequential(), label=f"{prefix}: first request",
-                    results=results, progress=progress)
-    runs = [(first, 1)]
+    runs = measure_one_by_one(engine, specs[:1], label=f"{prefix}: first request",
+                              results=results)
     if warm_requests:
-        later = measure(engine, specs[1:], Load.sequential(),
-                        label=f"{prefix}: next {warm_requests} requests", results=results,
-                        progress=progress)
-        runs.append((later, 2))
-    frames = []
-    for run, order0 in runs:
-        frames.append(run.frame().assign(order=lambda f, o=order0: f["index"] + o,
-                                         **_server_split(run)))
-    frame = pd.concat(frames, ignore_index=True)
-    frame = frame.assign(start=start, arm=arm, engine=engine.label,
-                         request=lambda f: f.order.map(lambda o: "first" if o == 1 else "later"),
-                         startup_s=engine.server.startup_s if engine.server else math.nan)
+        runs += measure_one_by_one(engine, specs[1:], results=results,
+                                   label=f"{prefix}: next {warm_requests} requests")
+    rows = []
+    for order, run in enumerate(runs, 1):
+        rec = run.records[0]
+        rows.append({"start": start, "arm": arm, "engine": engine.label, "order": order,
+                     "request": "first" if order == 1 else "later",
+                     "ttft_ms": rec.ttft * 1e3 if rec.ttft is not None else math.nan,
+                     "e2e_ms": rec.e2e * 1e3 if rec.e2e is not None else math.nan,
+                     "prompt_tokens": rec.prompt_tokens, "cached_tokens": rec.cached_tokens,
+                     **_server_split(run.counters), "startup_s": engine.server.startup_s})
+    return pd.DataFrame(rows, columns=_REQUEST_COLUMNS)
+
+
+def startup_timeline(engine) -> pd.DataFrame:
+    """`startup_events` of the engine's latest start, counted from the moment
+    the notebook asked for it (`fresh_engine`), ending with its first healthy
+    answer to GET /health."""
+    if engine is None or engine.server is None:
+        return pd.DataFrame(columns=["event", "log_time", "since_launch_s", "reported_s"])
+    iso = lambda key: _dt.datetime.fromisoformat(engine.info[key]) \
+        if engine.info.get(key) else None  # noqa: E731
+    launched, ready = iso("launched_at"), iso("ready_at")
+    log = Path(engine.server.log_path).read_text(errors="replace")
+    frame = startup_events(log, launched)
+    if launched and ready:
+        frame.loc[len(frame)] = {"event": "healthy (GET /health answers 200)",
+                                 "log_time": ready.strftime("%m-%d %H:%M:%S"),
+                                 "since_launch_s": (ready - launched).total_seconds(),
+                                 "reported_s": engine.server.startup_s}
     return frame
 
 
@@ -352,53 +414,53 @@ def cold_start_experiment(ctx, fresh_starts: int, warm_requests: int,
                           **flags: Any) -> tuple[pd.DataFrame, list[pd.DataFrame], list[pd.DataFrame]]:
     """`fresh_starts` new servers with `flags`, alternating: without warm-up,
     then with `warm_up(engine, prefixes)` before the first user request.
-    Returns (requests frame, start-up timelines, warm-up frames); the last
-    server is left running for the next experiments."""
+    Returns (one row per user request, start-up timelines, warm-up frames);
+    the last server is left running for the next experiments."""
     frames, timelines, warmups = [], [], []
-    for i in range(fresh_starts):
-        with_warmup = i % 2 == 1
+    for i in range(1, fresh_starts + 1):
+        with_warmup = i % 2 == 0
+        engine = fresh_engine(ctx, results=results, **flags)
+        if engine is None or engine.server is None:
+            (results or ctx.results).note("cold-start experiment skipped: the lab can only "
+                                          "restart servers it started itself")
+            break
+        timelines.append(startup_timeline(engine).assign(start=i))
         arm = "warm-up routine" if with_warmup else "no warm-up"
-        try:
-            engine = fresh_engine(ctx, **flags)
-        except ArmUnavailable as exc:
-            (results or ctx.results).note(f"cold-start experiment skipped: {exc}")
-            break
-        if engine.server is None:
-            (results or ctx.results).note("cold-start experiment skipped: a remote server "
-                                          "cannot be restarted from here")
-            break
-        log = Path(engine.server.log_path).read_text(errors="replace")
-        launched = engine.info.get("launched_at")
-        launched = _dt.datetime.fromisoformat(launched) if launched else None
-        timelines.append(startup_events(log, launched)
-                         .assign(start=i + 1, startup_s=engine.server.startup_s))
         if with_warmup:
             warmups.append(warm_up(engine, prefixes, results=results,
-                                   label=f"start {i + 1}: warm-up routine").assign(start=i + 1))
-        frames.append(first_requests(engine, warm_requests, start=i + 1, arm=arm,
-                                     results=results))
-    requests = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+                                   label=f"start {i}: warm-up routine").assign(start=i))
+        frames.append(first_requests(engine, warm_requests, start=i, arm=arm, results=results))
+    requests = pd.concat(frames, ignore_index=True) if frames else \
+        pd.DataFrame(columns=_REQUEST_COLUMNS)
     return requests, timelines, warmups
 
 
-def where_first_request_time_goes(requests: pd.DataFrame) -> pd.DataFrame:
-    """Client TTFT split with the server's own histograms, per arm: the
-    first request against the mean of the later ones. `http_and_stream_ms` is
-    the part outside the server's clock (HTTP parsing, response streaming);
-    `frontend_ms` is render + tokenize + hand-off inside the API server and
-    engine before the request is scheduled; `prefill_ms` is the model's
-    forward pass and sampling of the first token."""
+def ttft_by_order(requests: pd.DataFrame) -> pd.DataFrame:
+    """TTFT (ms) of each request after a start: rows = position, columns = start."""
     if requests.empty:
         return requests
-    g = requests.groupby(["arm", "request"], sort=False)
-    out = g.agg(requests=("ttft_ms", "size"), client_ttft_ms=("ttft_ms", "median"),
-                server_ttft_ms=("server_ttft_ms", "median"),
-                server_queue_ms=("server_queue_ms", "median"),
-                prefill_ms=("server_prefill_ms", "median"),
-                cached_tokens=("cached_tokens", "max"))
-    out.insert(3, "http_and_stream_ms", out.client_ttft_ms - out.server_ttft_ms)
-    out.insert(5, "frontend_ms", out.server_ttft_ms - out.server_queue_ms - out.prefill_ms)
-    return out
+    return requests.pivot_table(index="order", columns=["start", "arm"], values="ttft_ms")
+
+
+def where_first_request_time_goes(requests: pd.DataFrame) -> pd.DataFrame:
+    """Client TTFT split with the server's own histograms, per arm: the first
+    request against the later ones (medians of per-request values).
+    `http_and_stream_ms` is the part outside vLLM's clock (HTTP parsing,
+    response streaming); `frontend_ms` is chat-template rendering, tokenizing
+    and the hand-off to the engine core; `prefill_ms` is the forward pass and
+    sampling of the first token; `queue_ms` the wait for a scheduler slot."""
+    if requests.empty:
+        return requests
+    parts = requests.assign(
+        http_and_stream_ms=requests.ttft_ms - requests.server_ttft_ms,
+        frontend_ms=requests.server_ttft_ms - requests.server_queue_ms - requests.server_prefill_ms)
+    g = parts.groupby(["arm", "request"], sort=False)
+    return g.agg(requests=("ttft_ms", "size"), client_ttft_ms=("ttft_ms", "median"),
+                 http_and_stream_ms=("http_and_stream_ms", "median"),
+                 server_ttft_ms=("server_ttft_ms", "median"),
+                 frontend_ms=("frontend_ms", "median"), queue_ms=("server_queue_ms", "median"),
+                 prefill_ms=("server_prefill_ms", "median"),
+                 cached_tokens=("cached_tokens", "max"))
 
 
 def explore_prompt_length(ctx, prompts: Sequence[str], cache: bool, n_questions: int,
@@ -413,4 +475,5 @@ __all__ = ["PROMPT_NAMES", "COLD_SYSTEM", "system_prompt_text", "interleaved_spe
            "check_passed", "prefix_blocks", "block_size_of", "prefix_caching_of",
            "latest_start", "startup_events", "log_after_startup", "side_by_side", "summary_by",
            "prompt_length_arm", "quality_checks", "warm_up", "fresh_engine", "first_requests",
-           "cold_start_experiment", "where_first_request_time_goes", "explore_prompt_length"]
+           "cold_start_experiment", "where_first_request_time_goes", "explore_prompt_length",
+           "engine_or_none", "measure_one_by_one", "startup_timeline", "ttft_by_order"]

@@ -1,0 +1,207 @@
+"""Prompts: exact-length synthetic text with a stand-in tokenizer (and the
+real SmolLM2 tokenizer when its folder exists), and the shipped datasets."""
+import itertools
+from pathlib import Path
+
+import pytest
+
+from lab_utils import workloads
+from lab_utils.client import RequestSpec
+from lab_utils.model import embedded_model_dir
+from lab_utils.workloads import (
+    Tokenizer,
+    chat,
+    chat_specs,
+    code_edit_specs,
+    document_specs,
+    exact_text,
+    shared_prefix_prompts,
+    synthetic_specs,
+)
+
+_names = itertools.count()
+
+
+def word_tokenizer() -> Tokenizer:
+    """Whitespace words -> ids (a fresh vocabulary, under a fresh name)."""
+    vocab: dict[str, int] = {}
+    words: list[str] = []
+
+    def encode(text: str) -> list[int]:
+        out = []
+        for w in text.split():
+            if w not in vocab:
+                vocab[w] = len(words)
+                words.append(w)
+            out.append(vocab[w])
+        return out
+
+    return Tokenizer(encode, lambda ids: " ".join(words[i] for i in ids),
+                     f"words-{next(_names)}")
+
+
+@pytest.fixture
+def tok():
+    return word_tokenizer()
+
+
+# --------------------------------------------------------------------------
+# With the stand-in tokenizer
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 7, 64, 500])
+def test_exact_text_has_exactly_n_tokens(tok, n):
+    text = exact_text(tok, n)
+    assert tok.count(text) == n
+
+
+def test_exact_text_zero_and_offsets(tok):
+    assert exact_text(tok, 0) == "" and exact_text(tok, -3) == ""
+    a, b = exact_text(tok, 50, offset=0), exact_text(tok, 50, offset=1234)
+    assert a != b
+    assert exact_text(tok, 50, offset=1234) == b          # deterministic
+    # offsets beyond the corpus wrap around and still give exact lengths
+    assert tok.count(exact_text(tok, 50, offset=10**9)) == 50
+
+
+def test_shared_prefix_prompts(tok):
+    prompts = shared_prefix_prompts(tok, 5, 40, 12, seed=3)
+    assert len(prompts) == 5
+    ids = [tok.encode(p) for p in prompts]
+    assert all(len(i) == 52 for i in ids)
+    assert all(i[:40] == ids[0][:40] for i in ids)
+    assert len({tuple(i[40:]) for i in ids}) == 5         # suffixes differ
+    assert shared_prefix_prompts(tok, 5, 40, 12, seed=3) == prompts
+    assert shared_prefix_prompts(tok, 5, 40, 12, seed=4)[0] != prompts[0]
+
+
+def test_shared_prefix_zero_prefix(tok):
+    prompts = shared_prefix_prompts(tok, 3, 0, 20)
+    assert [tok.count(p) for p in prompts] == [20, 20, 20]
+    assert not prompts[0].startswith("\n")
+
+
+def test_synthetic_specs(tok):
+    specs = synthetic_specs(tok, 3, 48, prefix_tokens=32, max_tokens=8, priority=1)
+    assert len(specs) == 3
+    for s in specs:
+        assert isinstance(s, RequestSpec) and s.api == "completions"
+        assert (s.max_tokens, s.tag, s.ignore_eos, s.priority) == (8, "synthetic", True, 1)
+        assert tok.count(s.prompt) == 48
+    assert len({tuple(tok.encode(s.prompt)[:32]) for s in specs}) == 1
+
+
+def test_synthetic_specs_errors(tok):
+    with pytest.raises(ValueError, match=r"prefix_tokens \(64\) > input_tokens \(32\)"):
+        synthetic_specs(tok, 2, 32, prefix_tokens=64)
+    with pytest.raises(ValueError, match="max_tokens"):
+        synthetic_specs(tok, 2, 32, max_tokens=0)
+
+
+def test_exact_text_impossible_length_raises():
+    # a tokenizer whose decode doubles the text: no cut re-encodes to 100 tokens
+    bad = Tokenizer(lambda t: list(t), lambda ids: "".join(ids) * 2, "doubling")
+    with pytest.raises(ValueError, match="could not build a 100-token text"):
+        exact_text(bad, 100)
+    with pytest.raises(ValueError, match="100-token"):
+        synthetic_specs(bad, 1, 100)
+
+
+# --------------------------------------------------------------------------
+# With the real model's tokenizer (the folder `make test` creates first)
+# --------------------------------------------------------------------------
+
+MODEL_DIR = embedded_model_dir()
+needs_model = pytest.mark.skipif(not (Path(MODEL_DIR) / "tokenizer.json").is_file()
+                                 and not (Path(MODEL_DIR) / "tokenizer_config.json").is_file(),
+                                 reason=f"no converted model at {MODEL_DIR}")
+
+
+@pytest.fixture(scope="module")
+def real_tok():
+    return workloads.local_tokenizer(str(MODEL_DIR))
+
+
+@needs_model
+@pytest.mark.parametrize("n", [1, 16, 100, 512])
+def test_real_exact_text(real_tok, n):
+    text = exact_text(real_tok, n, offset=n * 31)
+    assert real_tok.count(text) == n
+
+
+@needs_model
+def test_real_shared_prefix_prompts(real_tok):
+    prompts = shared_prefix_prompts(real_tok, 4, 64, 32, seed=1)
+    ids = [real_tok.encode(p) for p in prompts]
+    prefix = real_tok.encode(exact_text(real_tok, 64, offset=1 * 7919))
+    assert len(prefix) == 64
+    assert all(i[:64] == prefix for i in ids)             # shared exactly, in tokens
+    assert all(abs(len(i) - 96) <= 2 for i in ids)
+    assert len(set(prompts)) == 4
+
+
+@needs_model
+def test_real_synthetic_specs(real_tok):
+    specs = synthetic_specs(real_tok, 2, 128, prefix_tokens=96, max_tokens=4)
+    ids = [real_tok.encode(s.prompt) for s in specs]
+    assert ids[0][:96] == ids[1][:96]
+    assert all(abs(len(i) - 128) <= 2 for i in ids)
+
+
+# --------------------------------------------------------------------------
+# Shipped datasets (structure only)
+# --------------------------------------------------------------------------
+
+def test_chat_helper():
+    assert chat("q") == [{"role": "user", "content": "q"}]
+    assert chat("q", "be brief") == [{"role": "system", "content": "be brief"},
+                                     {"role": "user", "content": "q"}]
+
+
+def test_unknown_dataset_names_the_available_ones():
+    with pytest.raises(FileNotFoundError, match="chat_questions.jsonl"):
+        workloads.dataset_path("nope.jsonl")
+
+
+def test_datasets_have_their_fields():
+    qs = workloads.chat_questions()
+    assert qs and all(q["id"] and q["question"].strip() for q in qs)
+    docs = workloads.long_documents()
+    assert docs and all(d["id"] and d["title"] and d["text"].strip() for d in docs)
+    edits = workloads.code_edit_prompts()
+    assert edits and all(e["language"] and e["instruction"] and e["code"] for e in edits)
+    quality = workloads.quality_questions()
+    assert quality and all(q["question"] and q["answer_contains"] for q in quality)
+    sp = workloads.system_prompts()
+    assert sp["long"] and sp["short"] and isinstance(sp["checks"], list)
+    prefixes = workloads.warmup_prefixes()
+    assert prefixes and all(isinstance(p, str) and p for p in prefixes)
+
+
+def test_chat_specs():
+    n = len(workloads.chat_questions()) + 3       # cycles past the end
+    specs = chat_specs(n, max_tokens=16, system="be brief", seed=2, priority=1)
+    assert len(specs) == n
+    for s in specs:
+        assert s.api == "chat" and s.tag == "chat" and s.max_tokens == 16 and s.priority == 1
+        assert s.messages[0] == {"role": "system", "content": "be brief"}
+        assert s.messages[-1]["role"] == "user" and s.messages[-1]["content"].strip()
+    assert chat_specs(5, seed=2) == chat_specs(5, seed=2)
+    assert chat_specs(3)[0].messages[0]["role"] == "user"
+
+
+def test_document_specs():
+    specs = document_specs(3, max_tokens=8, question="Summarize.")
+    assert len(specs) == 3 and len({s.messages[-1]["content"] for s in specs}) == 3
+    for s in specs:
+        assert s.tag == "long" and s.max_tokens == 8 and s.api == "chat"
+        content = s.messages[-1]["content"]
+        assert content.endswith("\n\nSummarize.") and len(content) > 1000
+
+
+def test_code_edit_specs():
+    specs = code_edit_specs(2)
+    assert len(specs) == 2
+    for s in specs:
+        assert s.tag == "code_edit" and s.max_tokens == 256
+        assert s.messages[-1]["content"].count("```") == 2
