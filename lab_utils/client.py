@@ -305,8 +305,9 @@ class Client:
         n = len(specs)
         records: list[RequestRecord | None] = [None] * n
         out = open(jsonl, "a") if jsonl else None
-        bar = tqdm(total=n, desc=label or "requests", unit="req", disable=not progress,
-                   leave=False)
+        # Short runs finish before a bar is worth reading (and clutter notebooks).
+        bar = tqdm(total=n, desc=label or "requests", unit="req", leave=False,
+                   disable=not progress or n < 10)
 
         async def one(i: int, session: aiohttp.ClientSession) -> None:
             rec = await self.send(session, specs[i], i, label)

@@ -183,19 +183,29 @@ def shared_prefix_prompts(tok: Tokenizer, n: int, prefix_tokens: int, suffix_tok
     differ after it (each `suffix_tokens` long). Checked by re-tokenizing."""
     prefix = exact_text(tok, prefix_tokens, offset=seed * 7919) if prefix_tokens else ""
     prefix_ids = tok.encode(prefix)
+    cut = len(prefix_ids)
     prompts: list[str] = []
+    next_tokens: set[int] = set()
     rng = random.Random(seed)
     attempts = 0
     while len(prompts) < n:
         attempts += 1
         if attempts > 20 * n:
             raise ValueError("could not build prompts whose shared prefix survives tokenization")
+        # A space (not a newline) joins them: BPE tokenizers fold it into the
+        # suffix's first token, so it is not one more shared token.
         suffix = exact_text(tok, suffix_tokens, offset=rng.randrange(1, 10**6))
-        sep = "\n" if prefix else ""
-        text = prefix + sep + suffix
+        text = prefix + " " + suffix.lstrip() if prefix else suffix
         ids = tok.encode(text)
-        if ids[:len(prefix_ids)] == prefix_ids and abs(len(ids) - (prefix_tokens + suffix_tokens)) <= 2:
-            prompts.append(text)
+        # The prefix must survive tokenization, and the first token after it must
+        # differ between prompts, so exactly `prefix_tokens` tokens are shared.
+        if ids[:cut] != prefix_ids or abs(len(ids) - (prefix_tokens + suffix_tokens)) > 2:
+            continue
+        if cut and (len(ids) <= cut or ids[cut] in next_tokens):
+            continue
+        if cut:
+            next_tokens.add(ids[cut])
+        prompts.append(text)
     return prompts
 
 

@@ -1,0 +1,191 @@
+"""Pure logic of the prefix-caching experiments: the full-block rule, exact
+token-id prompts, hit rates and TTFT tables (no server needed)."""
+import itertools
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lab_utils import workloads
+from lab_utils.experiments import prefix_caching as pc
+from lab_utils.model import embedded_model_dir
+from lab_utils.workloads import Tokenizer
+
+_names = itertools.count()
+
+
+def word_tokenizer() -> Tokenizer:
+    vocab: dict[str, int] = {}
+    words: list[str] = []
+
+    def encode(text: str) -> list[int]:
+        out = []
+        for w in text.split():
+            if w not in vocab:
+                vocab[w] = len(words)
+                words.append(w)
+            out.append(vocab[w])
+        return out
+
+    return Tokenizer(encode, lambda ids: " ".join(words[i] for i in ids),
+                     f"pc-words-{next(_names)}")
+
+
+def test_arms_differ_in_one_flag():
+    assert pc.ARMS == {"off": {"enable_prefix_caching": False},
+                       "on": {"enable_prefix_caching": True}}
+
+
+@pytest.mark.parametrize("seqs, n", [
+    ([], 0),
+    ([[1, 2, 3]], 3),
+    ([[1, 2, 3], [1, 2, 4]], 2),
+    ([[1, 2, 3], [1, 2]], 2),
+    ([[5, 1], [6, 1]], 0),
+    ([[1, 2, 3, 9], [1, 2, 3, 8], [1, 7, 3, 9]], 1),
+])
+def test_common_prefix_len(seqs, n):
+    assert pc.common_prefix_len(seqs) == n
+
+
+@pytest.mark.parametrize("shared, cached", [
+    (0, 0), (64, 0), (127, 0), (128, 128), (129, 128), (255, 128), (256, 256), (520, 512),
+    (2048, 2048),
+])
+def test_expected_cached_tokens_full_blocks_only(shared, cached):
+    assert pc.expected_cached_tokens(shared, shared + 64, 128) == cached
+
+
+def test_expected_cached_tokens_never_the_last_token():
+    # The whole 256-token prompt is cached, but its last token must be recomputed:
+    # the hit stops one block short.
+    assert pc.expected_cached_tokens(256, 256, 128) == 128
+    assert pc.expected_cached_tokens(257, 257, 128) == 256
+    assert pc.expected_cached_tokens(50, 40, 16) == 32
+    with pytest.raises(ValueError):
+        pc.expected_cached_tokens(10, 20, 0)
+
+
+def test_block_size_of():
+    class E:
+        info = {"cache_config": {"block_size": "128"}}
+    assert pc.block_size_of(E()) == 128
+    E.info = {}
+    assert pc.block_size_of(E(), default=16) == 16
+
+
+@pytest.mark.parametrize("prefix", [0, 5, 64, 127, 128, 129])
+def test_exact_prefix_specs_share_exactly_the_prefix(prefix):
+    tok = word_tokenizer()
+    specs = pc.exact_prefix_specs(tok, 4, prefix, 12, seed=3, max_tokens=2)
+    assert len(specs) == 4
+    ids = [s.prompt for s in specs]
+    assert all(isinstance(i, list) and len(i) == prefix + 12 for i in ids)
+    assert pc.common_prefix_len(ids) == prefix           # not one token more
+    assert len({i[prefix] for i in ids}) == 4            # suffixes differ at once
+    assert all(s.ignore_eos and s.max_tokens == 2 and s.api == "completions" for s in specs)
+    again = pc.exact_prefix_specs(tok, 4, prefix, 12, seed=3, max_tokens=2)
+    assert [s.prompt for s in again] == ids              # deterministic: both arms alike
+
+
+def test_system_prompt_specs():
+    specs = pc.system_prompt_specs(5, max_tokens=3)
+    systems = {s.messages[0]["content"] for s in specs}
+    assert systems == {workloads.system_prompts()["long"]}
+    assert len({s.messages[1]["content"] for s in specs}) == 5
+    assert all(s.api == "chat" and s.max_tokens == 3 for s in specs)
+    with pytest.raises(ValueError, match="distinct questions"):
+        pc.system_prompt_specs(1000)
+
+
+def _frame():
+    rows = []
+    for arm, hits, ttft in (("off", 0, 600.0), ("on", 512, 80.0)):
+        for phase, n in (("warm-up", 1), ("measured", 4)):
+            run = f"{arm}/a/{phase}"
+            q = 0 if arm == "off" else 530 * n
+            h = 0 if (arm == "off" or phase == "warm-up") else hits * n
+            for i in range(n):
+                rows.append({"arm": arm, "experiment": "system_prompt", "prefix_len": 512,
+                             "phase": phase, "run": run, "run_queries": q, "run_hits": h,
+                             "ok": True, "prompt_tokens": 530,
+                             "cached_tokens": 0 if phase == "warm-up" else hits,
+                             "ttft_ms": (900.0 if phase == "warm-up" else ttft + i)})
+    return pd.DataFrame(rows)
+
+
+def test_hit_rate_and_hit_rates():
+    f = _frame()
+    assert pc.hit_rate(f[f.arm == "off"]) is None          # no lookups, no rate
+    on = f[f.arm == "on"]
+    assert pc.hit_rate(on[on.phase == "measured"]) == pytest.approx(512 / 530)
+    assert pc.hit_rate(on) == pytest.approx(4 * 512 / (5 * 530))
+    table = pc.hit_rates([f])
+    assert table.loc[("on", "system_prompt"), "hits"] == 4 * 512
+    assert table.loc[("on", "system_prompt"), "hit_rate"] == pytest.approx(512 / 530)
+    assert math.isnan(table.loc[("off", "system_prompt"), "hit_rate"])  # shown as NaN
+
+
+def test_ttft_table_leaves_out_warmup():
+    t = pc.ttft_table(_frame())
+    assert list(t.index) == ["off", "on"]
+    assert t.loc["off", "requests"] == 4
+    assert t.loc["off", "ttft_ms_median"] == pytest.approx(601.5)
+    assert t.loc["on", "cached_tokens"] == 512
+    assert t.loc["on", "ttft_ms_p99"] <= 83.0                 # the 900 ms warm-up is out
+    change = pc.arm_change(t, "ttft_ms_median")
+    assert change["change_pct"] == pytest.approx((81.5 - 601.5) / 601.5 * 100)
+
+
+def test_arm_change_missing_arm_is_nan():
+    t = pc.ttft_table(_frame()[lambda d: d.arm == "on"])
+    c = pc.arm_change(t, "ttft_ms_median")
+    assert math.isnan(c["off"]) and math.isnan(c["change_pct"])
+
+
+def test_gain_vs_hits():
+    g = pc.gain_vs_hits(_frame())
+    assert g.loc[512, "saved_ms"] == pytest.approx(520.0)
+    assert g.loc[512, "cached_tokens_on"] == 512
+
+
+MODEL_DIR = embedded_model_dir()
+
+
+@pytest.mark.skipif(not (Path(MODEL_DIR) / "tokenizer.json").is_file(),
+                    reason=f"no converted model at {MODEL_DIR}")
+@pytest.mark.parametrize("prefix", [127, 128, 255])
+def test_real_tokenizer_exact_prefix(prefix):
+    tok = workloads.local_tokenizer(str(MODEL_DIR))
+    ids = [s.prompt for s in pc.exact_prefix_specs(tok, 3, prefix, 64, seed=7)]
+    assert pc.common_prefix_len(ids) == prefix
+    assert pc.expected_cached_tokens(prefix, prefix + 64, 128) == prefix // 128 * 128
+
+
+def test_tables_of_skipped_arms_are_empty():
+    # The remote profile may skip both arms: the analysis must not crash.
+    empty = pd.DataFrame(columns=pc.SHOW)
+    frames = {"system_prompt": empty, "prefix_length": empty, "block_boundary": empty}
+    assert pc.ttft_table(empty).empty
+    assert pc.hit_rates(frames.values()).empty
+    assert pc.hit_rate(empty) is None
+    assert pc.block_table(empty).empty and pc.gain_vs_hits(empty).empty
+    h = pc.headline(frames)
+    assert math.isnan(h["a_median"]["change_pct"]) and h["longest_prefix"] == 0
+    assert pc.plot_block_hits(empty, 128) is None
+    assert pc.plot_gains_track_hits(frames.values()) is None
+
+
+def test_headline_and_block_table():
+    f = _frame()
+    b = f.assign(experiment="prefix_length", run=f.run + "b")
+    c = f.assign(experiment="block_boundary", run=f.run + "c", block_size=128,
+                 shared_tokens=512, predicted_cached=512)
+    h = pc.headline({"system_prompt": f, "prefix_length": b, "block_boundary": c})
+    assert h["a_median"]["off"] == pytest.approx(601.5) and h["a_cached"] == 512
+    assert h["a_hit_rate"] == pytest.approx(512 / 530) == h["b_hit_rate"]
+    assert h["longest_prefix"] == 512 and h["b_prompt"] == 530
+    t = pc.block_table(c)
+    assert t.loc[512, "full_blocks"] == 4 and t.loc[512, "cached_on"] == 512
+    assert t.loc[512, "cached_off"] == 0 and t.loc[512, "predicted_cached"] == 512
