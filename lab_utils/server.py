@@ -314,6 +314,7 @@ class EnginePool:
         self.log_dir = Path(log_dir)
         self.keep = max(1, int(keep))
         self._engines: dict[str, Engine] = {}
+        self._starts = 0
         _install_sigterm_handler()
 
     def get(self, role: str | None = None, **flags: Any) -> Engine:
@@ -352,7 +353,8 @@ class EnginePool:
         port = free_port()
         argv = engine_argv(p, flags, port=port, model=model_path)
         digest = hashlib.sha1(" ".join(argv[4:]).encode()).hexdigest()[:8]
-        log_path = self.log_dir / f"vllm-{len(self._engines):02d}-{digest}.log"
+        self._starts += 1  # a fresh start with the same flags gets its own log
+        log_path = self.log_dir / f"vllm-{self._starts:02d}-{digest}.log"
         server = VLLMServer(argv, port=port, log_path=log_path, env=p.env,
                             startup_timeout_s=p.startup_timeout_s,
                             served_model_name=p.served_model_name)

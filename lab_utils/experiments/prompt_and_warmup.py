@@ -177,7 +177,9 @@ def summary_by(frame: pd.DataFrame, by: Sequence[str],
                metrics: Sequence[str] = ("ttft_ms", "e2e_ms")) -> pd.DataFrame:
     """Median, p90, p99 of each metric per group, with request counts and the
     median prompt and cached tokens (the mechanism next to the latency)."""
-    ok = frame[frame.ok] if "ok" in frame else frame
+    if frame.empty:
+        return pd.DataFrame()
+    ok = frame[frame["ok"].astype(bool)] if "ok" in frame else frame
     g = ok.groupby(list(by), sort=False)
     out = g.size().rename("requests").to_frame()
     for col in ("prompt_tokens", "cached_tokens"):
@@ -231,7 +233,8 @@ def prompt_length_arm(ctx, cache: bool, n_questions: int, *,
     if engine is None:
         return pd.DataFrame(columns=_PROMPT_COLUMNS)
     specs = interleaved_specs(prompts, n_questions, max_tokens=max_tokens)
-    state = "on" if cache else "off"
+    reported = prefix_caching_of(engine)  # what the server says it runs with
+    state = "on" if (cache if reported is None else reported) else "off"
     label = f"system prompt {'/'.join(prompts)}, prefix caching {state}"
     run = measure(engine, specs, Load.sequential(), label=label, results=results,
                   progress=progress)

@@ -1,0 +1,205 @@
+"""Pure logic of the 03 notebook's experiments: prompts, quality checks, KV
+blocks, the vLLM start-up log parser and the summaries (no server needed)."""
+import datetime as dt
+import math
+
+import pandas as pd
+import pytest
+
+from lab_utils import system_prompts
+from lab_utils.experiments import prompt_and_warmup as pw
+
+# Lines as vLLM 0.32's CPU build writes them (ANSI colours included), after a
+# first start whose lines must be ignored.
+LOG = """$ vllm serve OLD --port 1
+\x1b[0;36m(APIServer pid=1)\x1b[0;0m \x1b[32mINFO\x1b[0m \x1b[90m11-30 10:00:00\x1b[0m [api_utils.py:286] non-default args: {}
+(EngineCore pid=2) INFO 11-30 10:00:09 [core.py:402] init engine (profile, create kv cache, warmup model) took 9.99 s
+$ VLLM_CPU_KVCACHE_SPACE=2 vllm serve MODEL --port 2
+Triton is installed, but doesn't include CPU backend. Disabling Triton.
+\x1b[0;36m(APIServer pid=5478)\x1b[0;0m \x1b[32mINFO\x1b[0m \x1b[90m11-30 13:58:49\x1b[0m \x1b[90m[api_utils.py:286]\x1b[0m non-default args: {'model_tag': 'M'}
+(EngineCore pid=5490) INFO 11-30 13:58:55 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: model='M'
+(Worker pid=5502) INFO 11-30 13:59:01 [cpu_model_runner.py:68] Starting to load model M...
+(Worker pid=5502) INFO 11-30 13:59:02 [default_loader.py:501] Loading weights took 0.91 seconds
+(EngineCore pid=5490) INFO 11-30 13:59:04 [kv_cache_utils.py:2327] CPU KV cache size: 46,592 tokens, Maximum concurrency for 4,096 tokens per request: 11.38x
+(EngineCore pid=5490) INFO 11-30 13:59:09 [core.py:402] init engine (profile, create kv cache, warmup model) took 5.87 s
+(APIServer pid=5478) INFO 11-30 13:59:11 [hf.py:648] Detected the chat template content format to be 'string'.
+(APIServer pid=5478) INFO 11-30 13:59:11 [entry.py:140] Starting vLLM server on http://127.0.0.1:2
+INFO:     Started server process [5478]
+INFO:     Application startup complete.
+INFO:     127.0.0.1:52356 - "GET /health HTTP/1.1" 200 OK
+INFO:     127.0.0.1:52372 - "GET /metrics HTTP/1.1" 200 OK
+INFO:     127.0.0.1:45298 - "POST /v1/chat/completions HTTP/1.1" 200 OK
+"""
+
+
+def test_system_prompt_text():
+    sp = system_prompts()
+    assert pw.system_prompt_text("long") == sp["long"]
+    assert pw.system_prompt_text("short") == sp["short"]
+    assert pw.system_prompt_text("none") is None
+    with pytest.raises(ValueError, match="unknown system prompt"):
+        pw.system_prompt_text("medium")
+
+
+def test_interleaved_specs_alternate_prompts_over_the_same_questions():
+    specs = pw.interleaved_specs(["long", "short"], 3, max_tokens=7)
+    assert [s.tag for s in specs] == ["long", "short"] * 3
+    assert all(s.max_tokens == 7 and s.temperature == 0.0 for s in specs)
+    for a, b in zip(specs[::2], specs[1::2]):
+        assert a.messages[-1] == b.messages[-1]           # same question
+        assert a.messages[0]["content"] == system_prompts()["long"]
+        assert b.messages[0]["content"] == system_prompts()["short"]
+    assert specs[0].messages[-1] != specs[2].messages[-1]  # different questions
+    none = pw.interleaved_specs(["none"], 1)
+    assert [m["role"] for m in none[0].messages] == ["user"]
+    with pytest.raises(ValueError):
+        pw.interleaved_specs(["long"], 0)
+
+
+@pytest.mark.parametrize("answer, expect, ok", [
+    ("You can return it within 30 days.", ["30"], True),
+    ("Our 2-Year Warranty covers it.", ["2-year", "two years"], True),
+    ("Please see a DOCTOR.", ["doctor"], True),
+    ("I cannot help with that.", ["lawyer", "attorney"], False),
+    ("", ["x"], False),
+    (None, ["x"], False),
+])
+def test_check_passed(answer, expect, ok):
+    assert pw.check_passed(answer, expect) is ok
+
+
+@pytest.mark.parametrize("tokens, block, blocks", [
+    (10, 128, 0), (127, 128, 0), (128, 128, 1), (539, 128, 4), (175, 128, 1),
+    (None, 128, None), (100, None, None), (100, 0, None)])
+def test_prefix_blocks(tokens, block, blocks):
+    assert pw.prefix_blocks(tokens, block) == blocks
+
+
+class _Engine:
+    def __init__(self, info=None, flags=None):
+        self.info, self.flags = info or {}, flags or {}
+
+
+def test_block_size_and_prefix_caching_from_server_labels():
+    e = _Engine({"cache_config": {"block_size": "128", "enable_prefix_caching": "True"}},
+                {"enable_prefix_caching": False})
+    assert pw.block_size_of(e) == 128
+    assert pw.prefix_caching_of(e) is True  # the server's own label wins over the flag
+    assert pw.block_size_of(_Engine()) is None
+    assert pw.prefix_caching_of(_Engine(flags={"enable_prefix_caching": False})) is False
+    assert pw.prefix_caching_of(_Engine()) is None
+
+
+def test_latest_start_keeps_only_the_last_start_without_colours():
+    text = pw.latest_start(LOG)
+    assert text.startswith("$ VLLM_CPU_KVCACHE_SPACE=2")
+    assert "OLD" not in text and "\x1b" not in text
+    assert pw.latest_start("no marker\nline") == "no marker\nline"
+
+
+def test_startup_events_since_launch():
+    launched = dt.datetime(2024, 11, 30, 13, 58, 40, 700000)
+    ev = pw.startup_events(LOG, launched).set_index("event")
+    assert list(ev.index) == [e for e, _, _ in pw.STARTUP_EVENTS]
+    assert ev.loc["API server process logging", "since_launch_s"] == 9
+    assert ev.loc["HTTP server listening", "since_launch_s"] == 31
+    assert ev.loc["weights loaded", "reported_s"] == pytest.approx(0.91)
+    assert ev.loc["engine ready (profile, KV cache, warm-up)", "reported_s"] == pytest.approx(5.87)
+    assert math.isnan(ev.loc["KV cache allocated", "reported_s"])
+
+
+def test_startup_events_without_launch_time_count_from_the_first_line():
+    ev = pw.startup_events(LOG).set_index("event")
+    assert ev.loc["API server process logging", "since_launch_s"] == 0
+    assert ev.loc["engine core process up", "since_launch_s"] == 6
+
+
+def test_startup_events_of_an_empty_log():
+    ev = pw.startup_events("$ cmd\nnothing yet")
+    assert ev.empty and "since_launch_s" in ev.columns
+
+
+def test_log_after_startup_drops_polls_and_scrapes():
+    lines = pw.log_after_startup(LOG)
+    assert lines == ['INFO:     127.0.0.1:45298 - "POST /v1/chat/completions HTTP/1.1" 200 OK']
+    assert pw.log_after_startup("$ cmd\nstill starting") == []
+
+
+def test_side_by_side():
+    frame = pd.DataFrame([
+        {"check": 1, "question": "q1", "system_prompt": "long", "answer": "a", "passed": True},
+        {"check": 1, "question": "q1", "system_prompt": "short", "answer": "b", "passed": False},
+        {"check": 2, "question": "q2", "system_prompt": "long", "answer": "c", "passed": False},
+        {"check": 2, "question": "q2", "system_prompt": "short", "answer": "d", "passed": True},
+    ])
+    wide = pw.side_by_side(frame)
+    assert list(wide.columns) == ["check", "question", "long: pass", "long: answer",
+                                  "short: pass", "short: answer"]
+    assert wide["long: pass"].tolist() == ["PASS", "fail"]
+    assert wide["short: answer"].tolist() == ["b", "d"]
+
+
+def test_summary_by_medians_and_tails_per_group():
+    frame = pd.DataFrame({"g": ["a"] * 4 + ["b"] * 2, "ok": [True] * 5 + [False],
+                          "ttft_ms": [1, 2, 3, 100, 10, 999], "e2e_ms": [5] * 6,
+                          "prompt_tokens": [539] * 4 + [175] * 2,
+                          "cached_tokens": [512] * 4 + [128] * 2})
+    s = pw.summary_by(frame, ["g"])
+    assert s.loc["a", "requests"] == 4 and s.loc["b", "requests"] == 1  # failed one dropped
+    assert s.loc["a", "ttft_ms_median"] == 2.5
+    assert s.loc["a", "ttft_ms_p90"] == pytest.approx(70.9)
+    assert s.loc["b", "cached_tokens_median"] == 128
+
+
+def test_where_first_request_time_goes_splits_client_ttft():
+    req = pd.DataFrame({"arm": ["no warm-up"] * 3, "request": ["first", "later", "later"],
+                        "ttft_ms": [300.0, 120.0, 140.0], "server_ttft_ms": [280.0, 110.0, 110.0],
+                        "server_queue_ms": [1.0, 0.5, 0.5], "server_prefill_ms": [250.0, 100.0, 100.0],
+                        "cached_tokens": [0, 0, 0]})
+    out = pw.where_first_request_time_goes(req).loc["no warm-up"]
+    assert out.loc["first", "http_and_stream_ms"] == 20.0
+    assert out.loc["first", "frontend_ms"] == 29.0
+    assert out.loc["later", "frontend_ms"] == 9.5
+    assert out.loc["later", "http_and_stream_ms"] == 20.0  # median of 10 and 30
+    assert out.loc["later", "client_ttft_ms"] == 130.0
+    assert out.loc["later", "requests"] == 2
+    assert pw.where_first_request_time_goes(pd.DataFrame()).empty
+
+
+def test_ttft_by_order_pivots_positions_against_starts():
+    req = pd.DataFrame({"start": [1, 1, 2, 2], "arm": ["a", "a", "b", "b"],
+                        "order": [1, 2, 1, 2], "ttft_ms": [100.0, 50.0, 80.0, 60.0]})
+    table = pw.ttft_by_order(req)
+    assert table.loc[1, (1, "a")] == 100.0 and table.loc[2, (2, "b")] == 60.0
+    assert pw.ttft_by_order(pd.DataFrame()).empty
+
+
+class _Server:
+    def __init__(self, log_path, startup_s=31.5):
+        self.log_path, self.startup_s = log_path, startup_s
+
+
+def test_startup_timeline_ends_with_the_health_check(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_text(LOG)
+    engine = _Engine({"launched_at": "2024-11-30T13:58:40", "ready_at": "2024-11-30T13:59:12"})
+    engine.server = _Server(log)
+    timeline = pw.startup_timeline(engine)
+    assert timeline.event.iloc[-1] == "healthy (GET /health answers 200)"
+    assert timeline.since_launch_s.iloc[-1] == 32
+    assert timeline.reported_s.iloc[-1] == 31.5
+    assert timeline.set_index("event").loc["HTTP server listening", "since_launch_s"] == 31
+
+
+def test_remote_or_missing_engines_give_empty_frames_and_a_note(tmp_path):
+    from lab_utils.results import Results
+    results = Results("t", tmp_path)
+    remote = _Engine()
+    remote.server = None
+    frame = pw.first_requests(remote, 3, start=1, arm="no warm-up", results=results)
+    assert frame.empty and "ttft_ms" in frame.columns
+    assert "not a cold one" in results.data["notes"][0]
+    assert pw.first_requests(None, 3, start=2, arm="x").empty
+    assert pw.quality_checks(None).empty
+    assert pw.warm_up(None, ["p"]).empty
+    assert pw.startup_timeline(None).empty
