@@ -99,3 +99,29 @@ def change_pct(baseline: float, treated: float) -> float:
     if baseline is None or treated is None or not baseline or math.isnan(baseline):
         return math.nan
     return (treated - baseline) / baseline * 100.0
+
+
+def bootstrap_change_pct(baseline: Sequence[float], treated: Sequence[float], *,
+                         stat: str = "median", n_boot: int = 2000, seed: int = 0,
+                         level: float = 0.95) -> tuple[float, float]:
+    """Bootstrap interval of the % change of `stat` (median, mean, p90, p99)
+    from baseline to treated samples (resampling each arm independently)."""
+    b = np.asarray([v for v in baseline if v is not None and np.isfinite(v)], dtype=float)
+    t = np.asarray([v for v in treated if v is not None and np.isfinite(v)], dtype=float)
+    if b.size < 2 or t.size < 2:
+        return (math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    q = {"median": 50.0, "p50": 50.0, "p90": 90.0, "p99": 99.0}.get(stat)
+    bi = rng.integers(0, b.size, size=(n_boot, b.size))
+    ti = rng.integers(0, t.size, size=(n_boot, t.size))
+    if stat == "mean":
+        bs, ts = b[bi].mean(axis=1), t[ti].mean(axis=1)
+    elif q is not None:
+        bs, ts = np.percentile(b[bi], q, axis=1), np.percentile(t[ti], q, axis=1)
+    else:
+        raise ValueError(f"stat must be median, mean, p50, p90 or p99, got {stat!r}")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        change = (ts - bs) / bs * 100.0
+    change = change[np.isfinite(change)]
+    alpha = (1 - level) / 2 * 100
+    return (float(np.percentile(change, alpha)), float(np.percentile(change, 100 - alpha)))

@@ -20,7 +20,7 @@ from typing import Any
 
 from .client import Client, Load, RequestSpec, Run
 from .counters import delta, scrape
-from .metrics import SLO, change_pct
+from .metrics import SLO, bootstrap_change_pct, change_pct
 from .server import ServerError
 
 
@@ -99,10 +99,24 @@ class Results:
         return arm
 
     def add_finding(self, technique: str, metric: str, baseline: float, treated: float,
-                    article_claim: str, mechanism: str, **extra: Any) -> dict[str, Any]:
+                    article_claim: str, mechanism: str, *, samples: tuple | None = None,
+                    stat: str = "median", checklist: str | None = None,
+                    **extra: Any) -> dict[str, Any]:
+        """Record one measured effect beside the article's claim.
+
+        `samples=(baseline_values, treated_values)` adds a 95% bootstrap interval
+        of the change of `stat` and whether it excludes zero (`significant`).
+        `checklist="<row>:<ttft|tpot>"` marks the finding the checklist notebook
+        uses for a row of the article's table (e.g. "prefix caching:ttft")."""
         finding = {"technique": technique, "metric": metric, "baseline": baseline,
                    "treated": treated, "change_pct": change_pct(baseline, treated),
                    "article_claim": article_claim, "mechanism": mechanism, **extra}
+        if samples is not None:
+            lo, hi = bootstrap_change_pct(*samples, stat=stat)
+            finding.update(change_ci95=[lo, hi], n_samples=[len(samples[0]), len(samples[1])],
+                           significant=bool(lo > 0 or hi < 0) if math.isfinite(lo) else None)
+        if checklist is not None:
+            finding["checklist"] = checklist
         self.data["findings"].append(finding)
         self.save()
         return _clean(finding)
