@@ -231,7 +231,10 @@ def headline(frames: dict[str, pd.DataFrame]) -> dict[str, Any]:
     longest = int(_measured(b).prefix_len.max()) if len(_measured(b)) else 0
     tb = ttft_table(b[b.prefix_len == longest] if len(b) else b)
     on = lambda t, c: float(t.loc["on", c]) if "on" in t.index else float("nan")  # noqa: E731
-    return {"a_median": arm_change(ta, "ttft_ms_median"), "a_p99": arm_change(ta, "ttft_ms_p99"),
+    ma = _measured(a)
+    samples = {arm: ma[ma.arm == arm].ttft_ms.dropna().tolist() for arm in ("off", "on")}
+    return {"a_samples": samples,
+            "a_median": arm_change(ta, "ttft_ms_median"), "a_p99": arm_change(ta, "ttft_ms_p99"),
             "a_hit_rate": rate("system_prompt"), "a_cached": on(ta, "cached_tokens"),
             "a_prompt": on(ta, "prompt_tokens"), "longest_prefix": longest,
             "b_median": arm_change(tb, "ttft_ms_median"),
