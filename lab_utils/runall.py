@@ -33,6 +33,22 @@ def notebooks(only: list[str] | None = None) -> list[Path]:
     return found
 
 
+def _wait_for_no_orphans(timeout_s: float = 30) -> list[tuple[int, str]]:
+    """Servers whose kernel is gone must stop by themselves (PDEATHSIG); any
+    still alive after `timeout_s` are leaks: they are returned, then killed."""
+    import signal
+    from .server import orphan_servers
+    deadline = time.monotonic() + timeout_s
+    while (leaks := orphan_servers()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid, _ in leaks:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return leaks
+
+
 def _point_latest(run_dir: Path) -> None:
     latest = run_dir.parent / "latest"
     tmp = run_dir.parent / ".latest.tmp"
@@ -91,6 +107,12 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
                               else traceback.format_exc())
             code = 1
         entry["seconds"] = round(time.perf_counter() - t0, 1)
+        leaks = _wait_for_no_orphans()
+        if leaks:  # a notebook's engine outlived its kernel: report it, then clean up
+            entry["status"] = "failed"
+            entry["error"] = (entry.get("error", "") + "\nservers left running after the "
+                              "notebook: " + "; ".join(cmd[:120] for _, cmd in leaks))
+            code = 1
         save_status()
         print(f"{entry['status']} ({entry['seconds']} s)", flush=True)
     status["finished"] = _dt.datetime.now().isoformat(timespec="seconds")

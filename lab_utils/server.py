@@ -68,6 +68,21 @@ def lab_server_processes(owner: int | None = None) -> list[tuple[int, str]]:
     return found
 
 
+def orphan_servers() -> list[tuple[int, str]]:
+    """lab_utils server processes whose starting process is gone (leaks)."""
+    out = []
+    for pid, cmd in lab_server_processes():
+        try:
+            owner = next(item.split(b"=", 1)[1] for item in
+                         Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                         if item.startswith(OWNER_ENV.encode() + b"="))
+        except (OSError, StopIteration):
+            continue
+        if not Path(f"/proc/{int(owner)}").exists():
+            out.append((pid, cmd))
+    return out
+
+
 def _group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes in process group `pgid`."""
     members = []

@@ -1,0 +1,24 @@
+"""Session-wide check: after the tests and notebooks ran, no vLLM engine or app
+process started by the lab may outlive the process that started it."""
+from __future__ import annotations
+
+import time
+
+from lab_utils.server import orphan_servers
+
+
+def pytest_sessionfinish(session, exitstatus):
+    deadline = time.monotonic() + 30  # kernels' servers stop on their parent's death
+    while (leaks := orphan_servers()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if leaks:
+        import os
+        import signal
+        print("\nERROR: lab server processes left running: "
+              + "; ".join(f"{pid} {cmd[:100]}" for pid, cmd in leaks))
+        for pid, _ in leaks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        session.exitstatus = 1
