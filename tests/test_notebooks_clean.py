@@ -40,6 +40,11 @@ def test_skeleton(path):
     defaults = parameter_defaults(path)
     for required in ("profile", "base_url", "results_dir"):
         assert required in defaults, f"parameters cell lacks {required!r}"
+    import papermill
+    inferred = papermill.inspect_notebook(str(path))
+    unparsed = set(defaults) - set(inferred)
+    assert not unparsed, f"papermill --help-notebook cannot parse {sorted(unparsed)}: " \
+                         "avoid '=' in those lines' comments"
     setup_calls = [c for c in cells if f'lab.setup("{path.stem}", globals())' in "".join(c["source"])]
     assert setup_calls, f"{path.name} must call lab.setup({path.stem!r}, globals())"
     assert "Explore" in "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -81,7 +82,7 @@ class Workload:
 
 
 def mixed_workload(engine, *, n_short: int = 12, short_rate: float = 1.5,
-                   long_at: Sequence[float] = (1.5, 5.0, 8.5), long_prompt_tokens: int = 1536,
+                   long_at: Sequence[float] = (1.5, 6.0, 10.5), long_prompt_tokens: int = 1536,
                    short_output_tokens: int = 32, long_output_tokens: int = 8,
                    seed: int = 0) -> Workload:
     """Short chat requests (chat_questions.jsonl, exactly `short_output_tokens`
@@ -123,14 +124,17 @@ def decoding_when_long_arrived(records: Sequence[RequestRecord]) -> list[Request
 
 def decode_stall(records: Sequence[RequestRecord]) -> dict[str, float]:
     """Inter-token gaps (ms) of the short requests that were streaming when a
-    long prompt arrived: their max and p99 (pooled), and how many there were."""
+    long prompt arrived: their max and p99 (pooled), how many there were, and
+    their median E2E (chunking spreads the prefill's cost over their stream
+    instead of freezing it, so their E2E still grows)."""
     hit = decoding_when_long_arrived(records)
     gaps = np.array([g for r in hit for g in r.itl], dtype=float) * 1e3
+    e2e = _pct([r.e2e * 1e3 for r in hit], 50)
     if gaps.size == 0:
         return {"stalled_requests": len(hit), "stall_itl_ms_max": math.nan,
-                "stall_itl_ms_p99": math.nan}
+                "stall_itl_ms_p99": math.nan, "stalled_e2e_ms_median": e2e}
     return {"stalled_requests": len(hit), "stall_itl_ms_max": float(gaps.max()),
-            "stall_itl_ms_p99": float(np.percentile(gaps, 99))}
+            "stall_itl_ms_p99": float(np.percentile(gaps, 99)), "stalled_e2e_ms_median": e2e}
 
 
 def arrived_during_long_prefill(records: Sequence[RequestRecord]) -> list[RequestRecord]:
@@ -170,12 +174,18 @@ def parse_iteration_log(text: str) -> pd.DataFrame:
 
 def step_stats(steps: pd.DataFrame) -> dict[str, float]:
     """What the steps of one run say about chunking: the largest prefill chunk,
-    the longest step, and the longest step that also advanced running decodes."""
+    the longest step, the longest step that also advanced running decodes, and
+    the engine's throughput while busy (prompt + output tokens per second of
+    step time, which the arrival schedule does not dilute)."""
     if steps.empty:
         return {"engine_steps": 0, "max_prefill_tokens_per_step": math.nan,
-                "max_step_ms": math.nan, "max_mixed_step_ms": math.nan, "prefill_steps": 0}
+                "max_step_ms": math.nan, "max_mixed_step_ms": math.nan, "prefill_steps": 0,
+                "busy_s": math.nan, "tokens_per_busy_s": math.nan}
     mixed = steps[(steps.ctx_tokens > 0) & (steps.gen_requests > 0)]
+    busy_s = float(steps.elapsed_ms.sum()) / 1e3
+    tokens = float(steps.ctx_tokens.sum() + steps.gen_tokens.sum())
     return {"engine_steps": int(len(steps)),
+            "busy_s": busy_s, "tokens_per_busy_s": tokens / busy_s if busy_s else math.nan,
             "prefill_steps": int((steps.ctx_tokens > 0).sum()),
             "max_prefill_tokens_per_step": int(steps.ctx_tokens.max()),
             "max_step_ms": float(steps.elapsed_ms.max()),
@@ -216,6 +226,7 @@ class Arm:
     run: Run
     threshold: int = 0                 # long_prefill_token_threshold (0 = none)
     steps: pd.DataFrame = field(default_factory=lambda: parse_iteration_log(""))
+    host_load: float = math.nan        # 1-minute load average around the run
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -248,6 +259,7 @@ def arm_row(arm: Arm) -> dict[str, Any]:
             "server_queue_ms_mean": _ms(c.get("server_queue_s_mean")),
             "server_prefill_ms_mean": _ms(c.get("server_prefill_s_mean")),
             "prefix_cache_hits": c.get("prefix_cache_hits"),
+            "host_load_1m": arm.host_load,
             **step_stats(arm.steps)}
 
 
@@ -293,6 +305,15 @@ def arm_label(chunked: bool, budget: int | None, threshold: int = 0) -> str:
     return label + (f", threshold {threshold}" if threshold else "")
 
 
+def host_load() -> float:
+    """The machine's 1-minute load average: on 2 cores, well above 2 means other
+    processes competed with the engine and inflated this arm's latencies."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return math.nan
+
+
 def _warm_up(engine, workload: Workload) -> None:
     """One short and one long request first, not measured: the first pass of a
     shape through a fresh engine pays one-time costs that would land on
@@ -310,11 +331,14 @@ def run_arm(engine, workload: Workload, *, label: str, chunked: bool, budget: in
     `run.counters`) and the engine steps the server logged meanwhile."""
     _warm_up(engine, workload)
     log = StepLog(engine).start()
+    load_before = host_load()
     run = measure(engine, workload.specs, workload.load, label=label, results=results,
                   progress=progress, workload=workload.description)
-    arm = Arm(label, chunked, budget, run, threshold, log.read())
+    arm = Arm(label, chunked, budget, run, threshold, log.read(),
+              (load_before + host_load()) / 2)
     if results is not None:
-        results.data["arms"][label]["engine_steps"] = step_stats(arm.steps)
+        results.data["arms"][label].update(engine_steps=step_stats(arm.steps),
+                                           host_load_1m=arm.host_load)
         results.save()
     return arm
 
@@ -345,11 +369,17 @@ def chunked_prefill_sweep(ctx, budgets: Sequence[int], *, include_off: bool = Tr
 
     Arms whose flags a remote target cannot serve are skipped with a note.
     Returns the table (one row per arm) and {label: Arm}."""
+    plan = sweep_plan(budgets, include_off=include_off, threshold=long_prefill_threshold)
+    return run_plan(ctx, plan, progress=progress, **workload_kw)
+
+
+def run_plan(ctx, plan: Sequence[tuple[bool, int | None, int]], *, progress: bool = True,
+             **workload_kw: Any) -> tuple[pd.DataFrame, dict]:
+    """Run the arms of `plan` ((chunked, budget, threshold) each) in order."""
     max_model_len = ctx.profile.engine.get("max_model_len")
     log_steps = not ctx.profile.is_remote  # a remote server's log is out of reach
     arms: dict[str, Arm] = {}
-    for chunked, budget, threshold in sweep_plan(budgets, include_off=include_off,
-                                                 threshold=long_prefill_threshold):
+    for chunked, budget, threshold in plan:
         flags = arm_flags(chunked, budget, max_model_len, threshold=threshold,
                           log_steps=log_steps)
         label = arm_label(chunked, flags.get("max_num_batched_tokens"), threshold)
@@ -363,9 +393,72 @@ def chunked_prefill_sweep(ctx, budgets: Sequence[int], *, include_off: bool = Tr
         arms[label] = run_arm(engine, workload, label=label, chunked=chunked,
                               budget=flags.get("max_num_batched_tokens"), threshold=threshold,
                               results=ctx.results, progress=progress)
-    table = pd.DataFrame([arm_row(a) for a in arms.values()]).set_index("arm") if arms \
-        else pd.DataFrame()
+    columns = list(arm_row(Arm("", False, None, Run("", "", [], 0.0))))
+    table = pd.DataFrame([arm_row(a) for a in arms.values()], columns=columns).set_index("arm")
     return table, arms
+
+
+def headline_rows(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """The table rows of `headline_arms` (off, on), or an error naming what is missing."""
+    off, on = headline_arms(table)
+    if off is None or on is None:
+        raise RuntimeError("the findings compare chunked prefill off with on; this run has "
+                           f"off={off!r}, on={on!r} (skipped arms are listed in the results' "
+                           "notes)")
+    return table.loc[off], table.loc[on]
+
+
+def explore_arm(ctx, budget: int, threshold: int = 0, **workload_kw: Any) -> pd.DataFrame:
+    """One arm on demand (the notebook's Explore widgets): `budget` 0 means
+    chunked prefill off; `threshold` > 0 adds --long-prefill-token-threshold."""
+    chunked = budget > 0
+    plan = [(True, int(budget), int(threshold))] if chunked else [(False, None, 0)]
+    table, _ = run_plan(ctx, plan, **workload_kw)
+    if table.empty:
+        return table
+    return table[SUMMARY_COLUMNS + MECHANISM_COLUMNS].astype(float).T
+
+
+def headline_arms(table: pd.DataFrame) -> tuple[str | None, str | None]:
+    """The two arms the findings compare: chunked prefill off, and on at the
+    smallest budget without a long-prefill threshold (None when not run)."""
+    if table.empty or "chunked_prefill" not in table:
+        return None, None
+    thr = table.get("long_prefill_token_threshold", pd.Series(0, index=table.index)).fillna(0)
+    off = table[~table.chunked_prefill]
+    on = table[table.chunked_prefill & (thr == 0)].sort_values("max_num_batched_tokens")
+    return (off.index[0] if len(off) else None), (on.index[0] if len(on) else None)
+
+
+#: The columns the notebook shows first (the rest of `arm_row` is mechanism).
+SUMMARY_COLUMNS = ["short_ttft_ms_p50", "short_ttft_ms_p99", "blocked_short_ttft_ms_median",
+                   "long_ttft_ms_median", "stall_itl_ms_max", "stall_itl_ms_p99",
+                   "stalled_requests", "stalled_e2e_ms_median", "output_tok_s", "duration_s",
+                   "host_load_1m"]
+MECHANISM_COLUMNS = ["max_prefill_tokens_per_step", "max_step_ms", "prefill_steps",
+                     "engine_steps", "tokens_per_busy_s", "server_ttft_ms_p99",
+                     "server_itl_ms_p99", "server_queue_ms_mean", "server_prefill_ms_mean",
+                     "prefix_cache_hits"]
+
+
+# --------------------------------------------------------------------------
+# Reading the installed vLLM's source (without importing vLLM)
+# --------------------------------------------------------------------------
+
+def vllm_source(relpath: str, start: str, lines: int = 12) -> str:
+    """`lines` lines of the installed vLLM's `relpath` from the first line
+    containing `start`, numbered, or a note when vLLM is not installed here."""
+    import importlib.util
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return f"(vLLM is not installed in this kernel: cannot show {relpath})"
+    path = Path(list(spec.submodule_search_locations)[0]) / relpath
+    text = path.read_text().splitlines()
+    for i, line in enumerate(text):
+        if start in line:
+            body = "\n".join(f"{i + 1 + k:5d}  {t}" for k, t in enumerate(text[i:i + lines]))
+            return f"vllm/{relpath}:\n{body}"
+    return f"(no line containing {start!r} in vllm/{relpath})"
 
 
 # --------------------------------------------------------------------------
@@ -408,7 +501,33 @@ def plot_sweep(table: pd.DataFrame, title: str = "Chunked prefill: what the toke
     return fig
 
 
-__all__ = ["Arm", "Workload", "arm_flags", "arm_label", "arm_row", "chunked_prefill_sweep",
-           "decode_stall", "decoding_when_long_arrived", "mixed_schedule", "mixed_workload",
-           "arrived_during_long_prefill", "parse_iteration_log", "plot_sweep", "run_arm",
-           "step_stats", "StepLog", "sweep_plan"]
+def plot_steps(arms: dict, labels: Sequence[str] | None = None,
+               title: str = "Engine steps: how long each one took"):
+    """Every engine step of the chosen arms (from the server's step log): its
+    duration against its number in the run, prefill steps marked."""
+    import matplotlib.pyplot as plt
+    labels = [lb for lb in (labels or list(arms)) if lb in arms and not arms[lb].steps.empty]
+    if not labels:
+        raise ValueError("no engine steps to draw (the step log is read from local servers only)")
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for i, label in enumerate(labels):
+        st = arms[label].steps.reset_index(drop=True)
+        color = f"C{i}"
+        ax.plot(st.index, st.elapsed_ms, color=color, linewidth=0.8, label=f"{label}: every step")
+        pre = st[st.ctx_tokens > 0]
+        ax.scatter(pre.index, pre.elapsed_ms, color=color, s=18, marker="o",
+                   label=f"{label}: steps with prefill tokens")
+    ax.set_yscale("log")
+    ax.set_xlabel("engine step (in order, this run)")
+    ax.set_ylabel("step time (ms, log scale)")
+    ax.legend(fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+__all__ = ["Arm", "MECHANISM_COLUMNS", "SUMMARY_COLUMNS", "StepLog", "Workload", "arm_flags",
+           "arm_label", "arm_row", "arrived_during_long_prefill", "chunked_prefill_sweep",
+           "decode_stall", "decoding_when_long_arrived", "explore_arm", "headline_arms", "headline_rows",
+           "mixed_schedule", "mixed_workload", "parse_iteration_log", "plot_steps", "plot_sweep",
+           "run_arm", "run_plan", "step_stats", "sweep_plan", "vllm_source"]

@@ -1,0 +1,325 @@
+"""The pure logic of the chunked-prefill experiments: the schedule, the decode
+stall, the engine-step log parser, the arm flags (no engine needed)."""
+import itertools
+import math
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from lab_utils.client import Load, RequestRecord, Run
+from lab_utils.experiments import chunked_prefill as cp
+from lab_utils.profiles import check_known_options
+from lab_utils.workloads import Tokenizer
+
+_names = itertools.count()
+
+
+def rec(i, tag, start, ttft, e2e, itl=(), ok=True):
+    return RequestRecord(index=i, tag=tag, start=start, ttft=ttft, e2e=e2e, itl=list(itl),
+                         output_tokens=len(itl) + 1, ok=ok)
+
+
+# --------------------------------------------------------------------------
+# mixed_schedule
+# --------------------------------------------------------------------------
+
+def test_schedule_is_sorted_and_counts_every_request():
+    sched = cp.mixed_schedule(10, 2.0, [1.5, 6.0], seed=3)
+    times = [t for t, _ in sched]
+    assert times == sorted(times)
+    assert sum(tag == cp.LONG for _, tag in sched) == 2
+    assert sum(tag == cp.SHORT for _, tag in sched) == 10 + 2  # one anchor per long
+    assert times[0] == 0.0  # the Poisson stream's first request goes at once
+
+
+def test_schedule_puts_an_anchor_short_just_before_each_long():
+    sched = cp.mixed_schedule(3, 1.0, [2.0, 9.0], anchor_lead_s=0.4, seed=0)
+    shorts = [t for t, tag in sched if tag == cp.SHORT]
+    for t_long in (2.0, 9.0):
+        assert any(t == pytest.approx(t_long - 0.4) for t in shorts)
+
+
+def test_schedule_is_deterministic_and_matches_load_poisson():
+    a = cp.mixed_schedule(8, 1.5, [3.0], anchor_lead_s=0, seed=7)
+    assert a == cp.mixed_schedule(8, 1.5, [3.0], anchor_lead_s=0, seed=7)
+    shorts = [t for t, tag in a if tag == cp.SHORT]
+    assert shorts == pytest.approx(Load.poisson(1.5, seed=7).arrival_offsets(8))
+    assert a != cp.mixed_schedule(8, 1.5, [3.0], anchor_lead_s=0, seed=8)
+
+
+def test_schedule_without_shorts_and_bad_rates():
+    assert cp.mixed_schedule(0, 1.0, [1.0], anchor_lead_s=0) == [(1.0, cp.LONG)]
+    # an anchor never goes before the run start; at equal times the short goes first
+    assert cp.mixed_schedule(0, 1.0, [0.2], anchor_lead_s=0.4) == [(0.0, cp.SHORT),
+                                                                   (0.2, cp.LONG)]
+    with pytest.raises(ValueError):
+        cp.mixed_schedule(5, 0.0, [1.0])
+
+
+def word_tok():
+    """Whitespace words -> ids, a stand-in for the model's tokenizer."""
+    vocab, words = {}, []
+
+    def encode(text):
+        out = []
+        for w in text.split():
+            if w not in vocab:
+                vocab[w] = len(words)
+                words.append(w)
+            out.append(vocab[w])
+        return out
+
+    return Tokenizer(encode, lambda ids: " ".join(words[i] for i in ids), f"w-{next(_names)}")
+
+
+def test_mixed_workload_follows_the_schedule(monkeypatch):
+    monkeypatch.setattr(cp, "tokenizer_for", lambda engine: word_tok())
+    wl = cp.mixed_workload(None, n_short=5, short_rate=2.0, long_at=(1.0, 4.0),
+                           long_prompt_tokens=300, short_output_tokens=16, seed=1)
+    assert wl.n_long == 2 and wl.n_short == 5 + 2
+    sched = cp.mixed_schedule(5, 2.0, (1.0, 4.0), seed=1)
+    assert [s.tag for s in wl.specs] == [tag for _, tag in sched]
+    assert list(wl.load.offsets) == [t for t, _ in sched]
+    shorts = [s for s in wl.specs if s.tag == cp.SHORT]
+    assert all(s.api == "chat" and s.ignore_eos and s.max_tokens == 16 for s in shorts)
+    longs = [s for s in wl.specs if s.tag == cp.LONG]
+    assert all(len(s.prompt.split()) == 300 for s in longs)
+    assert longs[0].prompt != longs[1].prompt
+    assert "300 prompt tokens" in wl.description
+
+
+# --------------------------------------------------------------------------
+# decode stall and blocked arrivals
+# --------------------------------------------------------------------------
+
+RECORDS = [
+    rec(0, "short", start=0.0, ttft=0.1, e2e=1.0, itl=[0.05] * 18),        # done before the long
+    rec(1, "short", start=1.0, ttft=0.1, e2e=5.0, itl=[0.05, 3.0, 0.05]),  # streaming at t=2
+    rec(2, "long", start=2.0, ttft=2.9, e2e=3.2, itl=[0.1, 0.1]),
+    rec(3, "short", start=2.5, ttft=2.6, e2e=3.0, itl=[0.05, 0.06]),      # arrived mid-prefill
+    rec(4, "short", start=1.95, ttft=0.2, e2e=0.9, itl=[0.04]),           # first token after 2.0
+    rec(5, "short", start=6.0, ttft=0.1, e2e=1.0, itl=[0.05]),            # after everything
+]
+
+
+def test_decoding_when_long_arrived_needs_first_token_before_and_last_after():
+    hit = cp.decoding_when_long_arrived(RECORDS)
+    assert [r.index for r in hit] == [1]
+
+
+def test_decode_stall_is_the_max_and_p99_of_those_gaps():
+    stall = cp.decode_stall(RECORDS)
+    assert stall["stalled_requests"] == 1
+    assert stall["stall_itl_ms_max"] == pytest.approx(3000.0)
+    assert 2900 < stall["stall_itl_ms_p99"] <= 3000.0
+    assert stall["stalled_e2e_ms_median"] == pytest.approx(5000.0)
+
+
+def test_decode_stall_without_streaming_requests_is_nan():
+    stall = cp.decode_stall([r for r in RECORDS if r.index != 1])
+    assert stall["stalled_requests"] == 0 and math.isnan(stall["stall_itl_ms_max"])
+
+
+def test_arrived_during_long_prefill():
+    assert [r.index for r in cp.arrived_during_long_prefill(RECORDS)] == [3]
+
+
+def test_failed_requests_are_ignored():
+    bad = [rec(1, "short", 1.0, None, None, ok=False), RECORDS[2]]
+    assert cp.decoding_when_long_arrived(bad) == []
+    assert cp.arrived_during_long_prefill(bad) == []
+
+
+# --------------------------------------------------------------------------
+# The engine-step log
+# --------------------------------------------------------------------------
+
+LOG = """\
+\x1b[0;36m(APIServer pid=1)\x1b[0;0m \x1b[32mINFO\x1b[0m \x1b[90m11-30 14:10:50\x1b[0m \
+[loggers.py:199] Engine 000: Iteration(37): 1 context requests, 1536 context tokens, \
+5 generation requests, 5 generation tokens, iteration elapsed time: 4379.11 ms, CPU KV cache usage: 1.2%
+(APIServer pid=1) INFO 11-30 14:10:50 [loggers.py:335] Engine 000: Avg prompt throughput: 1.0 tokens/s
+(APIServer pid=1) INFO 11-30 14:10:51 [loggers.py:199] Engine 000: Iteration(38): 0 context \
+requests, 0 context tokens, 6 generation requests, 6 generation tokens, iteration elapsed time: 61.50 ms, \
+CPU KV cache usage: 1.3%
+(APIServer pid=1) INFO 11-30 14:10:51 [loggers.py:199] Engine 000: Iteration(39): 2 context \
+requests, 88 context tokens, 1 generation requests, 1 generation tokens, iteration elapsed time: 115.32 ms, \
+CPU KV cache usage: 1.3%
+"""
+
+
+def test_parse_iteration_log():
+    steps = cp.parse_iteration_log(LOG)
+    assert list(steps.step) == [37, 38, 39]
+    assert list(steps.ctx_tokens) == [1536, 0, 88]
+    assert list(steps.gen_requests) == [5, 6, 1]
+    assert steps.elapsed_ms.tolist() == pytest.approx([4379.11, 61.5, 115.32])
+    assert cp.parse_iteration_log("nothing here").empty
+
+
+def test_step_stats():
+    st = cp.step_stats(cp.parse_iteration_log(LOG))
+    assert st["engine_steps"] == 3 and st["prefill_steps"] == 2
+    assert st["max_prefill_tokens_per_step"] == 1536
+    assert st["max_step_ms"] == pytest.approx(4379.11)
+    assert st["max_mixed_step_ms"] == pytest.approx(4379.11)
+    assert st["busy_s"] == pytest.approx((4379.11 + 61.5 + 115.32) / 1e3)
+    assert st["tokens_per_busy_s"] == pytest.approx((1536 + 88 + 12) / st["busy_s"])
+    empty = cp.step_stats(cp.parse_iteration_log(""))
+    assert empty["engine_steps"] == 0 and math.isnan(empty["max_step_ms"])
+
+
+def test_step_log_reads_only_what_was_written_after_start(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(LOG)
+    engine = SimpleNamespace(server=SimpleNamespace(log_path=log))
+    reader = cp.StepLog(engine).start()
+    with open(log, "a") as f:
+        f.write(LOG.replace("Iteration(37)", "Iteration(40)").splitlines()[0] + "\n")
+    steps = reader.read(settle_s=0)
+    assert list(steps.step) == [40]
+    assert cp.StepLog(SimpleNamespace(server=None)).start().read(settle_s=0).empty
+
+
+# --------------------------------------------------------------------------
+# Arms: flags, labels, plan, table row
+# --------------------------------------------------------------------------
+
+def test_off_arm_asks_for_max_model_len():
+    assert cp.arm_flags(False, None, 4096) == {"enable_chunked_prefill": False,
+                                               "max_num_batched_tokens": 4096,
+                                               "enable_logging_iteration_details": True}
+    assert cp.arm_flags(False, 8192, 4096)["max_num_batched_tokens"] == 8192
+    assert cp.arm_flags(False, None, None, log_steps=False) == {"enable_chunked_prefill": False}
+
+
+def test_off_arm_below_max_model_len_is_refused_like_vllm_does():
+    with pytest.raises(ValueError, match=r"must be >= max_model_len \(4096\)"):
+        cp.arm_flags(False, 2048, 4096)
+    with pytest.raises(ValueError, match="chunked prefill on"):
+        cp.arm_flags(False, None, 4096, threshold=128)
+
+
+def test_on_arm_flags():
+    assert cp.arm_flags(True, 256, 4096, log_steps=False) == {
+        "enable_chunked_prefill": True, "max_num_batched_tokens": 256}
+    flags = cp.arm_flags(True, 256, 4096, threshold=128)
+    assert flags["long_prefill_token_threshold"] == 128
+    assert cp.arm_flags(True, None, 4096, log_steps=False) == {"enable_chunked_prefill": True}
+
+
+def test_arm_flags_are_known_to_the_installed_vllm():
+    check_known_options(cp.arm_flags(False, None, 4096))
+    check_known_options(cp.arm_flags(True, 256, 4096, threshold=128))
+
+
+def test_labels_and_plan():
+    assert cp.arm_label(False, 4096) == "off (budget 4096)"
+    assert cp.arm_label(True, 256) == "on, budget 256"
+    assert cp.arm_label(True, 256, 128) == "on, budget 256, threshold 128"
+    assert cp.sweep_plan([1024, 256, 256]) == [(False, None, 0), (True, 256, 0), (True, 1024, 0)]
+    assert cp.sweep_plan([512], include_off=False, threshold=64) == [(True, 512, 0),
+                                                                    (True, 512, 64)]
+    with pytest.raises(ValueError):
+        cp.sweep_plan([], threshold=64)
+    with pytest.raises(ValueError):
+        cp.sweep_plan([0])
+
+
+def test_arm_row():
+    run = Run("x", "offsets", RECORDS, duration_s=8.0,
+              counters={"server_queue_s_mean": 0.01, "server_prefill_s_mean": 0.5,
+                        "server_itl_s_p99": 2.0, "server_ttft_s_p99": 3.0,
+                        "prefix_cache_hits": 0})
+    arm = cp.Arm("on, budget 256", True, 256, run, 0, cp.parse_iteration_log(LOG))
+    row = cp.arm_row(arm)
+    assert row["max_num_batched_tokens"] == 256 and row["chunked_prefill"]
+    assert row["long_ttft_ms_median"] == pytest.approx(2900.0)
+    assert row["stall_itl_ms_max"] == pytest.approx(3000.0)
+    assert row["blocked_short_ttft_ms_median"] == pytest.approx(2600.0)
+    assert row["server_queue_ms_mean"] == pytest.approx(10.0)
+    assert row["max_prefill_tokens_per_step"] == 1536
+    out_tokens = sum(r.output_tokens for r in RECORDS)
+    assert row["output_tok_s"] == pytest.approx(out_tokens / 8.0)
+
+
+def test_plot_sweep_draws_every_arm():
+    import matplotlib
+    matplotlib.use("Agg")
+    table = pd.DataFrame([
+        {"arm": "off", "chunked_prefill": False, "max_num_batched_tokens": 4096,
+         "long_prefill_token_threshold": 0, "stall_itl_ms_max": 2500, "short_ttft_ms_p99": 3000,
+         "long_ttft_ms_median": 2500},
+        {"arm": "256", "chunked_prefill": True, "max_num_batched_tokens": 256,
+         "long_prefill_token_threshold": 0, "stall_itl_ms_max": 400, "short_ttft_ms_p99": 2200,
+         "long_ttft_ms_median": 2100},
+        {"arm": "1024", "chunked_prefill": True, "max_num_batched_tokens": 1024,
+         "long_prefill_token_threshold": 0, "stall_itl_ms_max": 1400, "short_ttft_ms_p99": 2400,
+         "long_ttft_ms_median": 2300},
+        {"arm": "thr", "chunked_prefill": True, "max_num_batched_tokens": 256,
+         "long_prefill_token_threshold": 128, "stall_itl_ms_max": 300, "short_ttft_ms_p99": 500,
+         "long_ttft_ms_median": 2200}]).set_index("arm")
+    fig = cp.plot_sweep(table)
+    axes = fig.axes
+    assert len(axes) == 3
+    for ax in axes:
+        labels = ax.get_legend_handles_labels()[1]
+        assert "chunked prefill on" in labels
+        assert any(label.startswith("chunked prefill off") for label in labels)
+        assert any("threshold 128" in label for label in labels)
+        assert "(ms)" in ax.get_ylabel() and "max_num_batched_tokens" in ax.get_xlabel()
+
+
+def test_headline_arms():
+    table = pd.DataFrame([
+        {"arm": "off", "chunked_prefill": False, "max_num_batched_tokens": 4096,
+         "long_prefill_token_threshold": 0},
+        {"arm": "on 1024", "chunked_prefill": True, "max_num_batched_tokens": 1024,
+         "long_prefill_token_threshold": 0},
+        {"arm": "thr", "chunked_prefill": True, "max_num_batched_tokens": 128,
+         "long_prefill_token_threshold": 64},
+        {"arm": "on 256", "chunked_prefill": True, "max_num_batched_tokens": 256,
+         "long_prefill_token_threshold": 0}]).set_index("arm")
+    assert cp.headline_arms(table) == ("off", "on 256")
+    assert cp.headline_arms(table.drop(index="off")) == (None, "on 256")
+    assert cp.headline_arms(pd.DataFrame()) == (None, None)
+
+
+def test_plot_steps():
+    import matplotlib
+    matplotlib.use("Agg")
+    run = Run("x", "offsets", RECORDS, 8.0)
+    arms = {"off": cp.Arm("off", False, 4096, run, 0, cp.parse_iteration_log(LOG)),
+            "empty": cp.Arm("empty", True, 256, run)}
+    fig = cp.plot_steps(arms)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert labels == ["off: every step", "off: steps with prefill tokens"]
+    with pytest.raises(ValueError):
+        cp.plot_steps({"empty": arms["empty"]})
+
+
+def test_unavailable_arms_are_skipped_with_a_note():
+    from lab_utils.server import ArmUnavailable
+
+    notes = []
+
+    def engine(**flags):
+        raise ArmUnavailable(f"no server for {sorted(flags)}")
+
+    ctx = SimpleNamespace(profile=SimpleNamespace(engine={}, is_remote=True), engine=engine,
+                          results=SimpleNamespace(note=notes.append))
+    table, arms = cp.chunked_prefill_sweep(ctx, [256])
+    assert table.empty and arms == {}
+    assert "short_ttft_ms_p99" in table.columns  # the notebook's later cells still index it
+    assert cp.headline_arms(table) == (None, None)
+    with pytest.raises(RuntimeError, match="off=None"):
+        cp.headline_rows(table)
+    assert len(notes) == 2 and notes[0].startswith("off: skipped")
+    assert cp.explore_arm(ctx, 0).empty
+
+
+def test_vllm_source_reads_the_installed_files():
+    text = cp.vllm_source("config/scheduler.py", "def verify_max_model_len", 6)
+    assert text.startswith("vllm/config/scheduler.py:") and "max_num_batched_tokens" in text
+    assert "no line containing" in cp.vllm_source("config/scheduler.py", "no such line here")
