@@ -39,6 +39,31 @@ def findings_rows(results: dict[str, dict]) -> list[dict]:
     return rows
 
 
+def _checklist_section(data: dict | None) -> list[str]:
+    """The article's checklist, the combined-configuration summary figure and
+    the cross-check against `vllm bench serve`, from 12_checklist's results."""
+    if not data or not data.get("checklist"):
+        return []
+    md = ["", "## The article's checklist, measured", "",
+          "| technique | metric | claimed | measured (%) | 95% CI of change (%) | verdict | notebook | reason |",
+          "|---|---|---|---|---|---|---|---|"]
+    for r in data["checklist"]:
+        ci = r.get("change_ci95")
+        ci_text = f"{ci[0]:+.0f} … {ci[1]:+.0f}" if ci and None not in ci else "–"
+        md.append(f"| {r['technique']} | {r['metric']} | {r['claimed']} | {_fmt(r.get('measured'))} "
+                  f"| {ci_text} | {r['verdict']} | {r.get('notebook', '')} | {r.get('reason', '')} |")
+    md += ["", "![summary](results/checklist_summary.png)"]
+    xc = data.get("crosscheck")
+    if xc:
+        md += ["", "## Cross-check: lab_utils vs `vllm bench serve` (same server, same requests)", "",
+               "| metric | stat | vllm bench serve (ms) | lab_utils (ms) | diff (%) |",
+               "|---|---|---|---|---|"]
+        for r in xc["rows"]:
+            md.append(f"| {r['metric']} | {r['stat']} | {r['vllm_bench_ms']:.2f} | "
+                      f"{r['lab_utils_ms']:.2f} | {r['diff_pct']:+.1f} |")
+    return md
+
+
 def build_index(run_dir: str | Path) -> tuple[Path, Path]:
     """Write `index.md` and `index.html` for a run folder made by runall."""
     run_dir = Path(run_dir)
@@ -58,6 +83,7 @@ def build_index(run_dir: str | Path) -> tuple[Path, Path]:
         md += ["", "## Failures", ""]
         for nb in errors:
             md += [f"### {nb['name']}", "", "```", nb["error"].strip()[-3000:], "```", ""]
+    md += _checklist_section(results.get("12_checklist"))
     md += ["", "## Findings", "",
            "| notebook | " + " | ".join(FINDING_COLUMNS) + " |",
            "|---" * (len(FINDING_COLUMNS) + 1) + "|"]
@@ -102,6 +128,9 @@ def _markdown_table_html(md: str, title: str) -> str:
         if line.startswith("#"):
             level = len(line) - len(line.lstrip("#"))
             out.append(f"<h{level}>{html.escape(line.lstrip('# '))}</h{level}>")
+        elif line.startswith("!["):
+            src = re.search(r"\((.+?)\)", line).group(1)
+            out.append(f'<p><img src="{html.escape(src)}" style="max-width:100%"></p>')
         elif line.strip():
             out.append(f"<p>{html.escape(line).replace('`', '')}</p>")
     if in_table:

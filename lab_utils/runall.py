@@ -24,12 +24,12 @@ from .paths import NOTEBOOKS_DIR, RUNS_DIR
 from .report import build_index
 
 
-def notebooks(only: list[str] | None = None) -> list[Path]:
-    found = sorted(NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
+def notebooks(only: list[str] | None = None, folder: Path = NOTEBOOKS_DIR) -> list[Path]:
+    found = sorted(Path(folder).glob("[0-9]*.ipynb"))
     if only:
         found = [p for p in found if any(p.stem.startswith(o) for o in only)]
-        if not found:
-            raise SystemExit(f"no notebook in {NOTEBOOKS_DIR} starts with {only}")
+    if not found:
+        raise SystemExit(f"no notebook in {folder} matches {only or '[0-9]*.ipynb'}")
     return found
 
 
@@ -59,15 +59,16 @@ def _point_latest(run_dir: Path) -> None:
 
 
 def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = None,
-            runs_dir: Path = RUNS_DIR, parameters: dict | None = None) -> int:
+            runs_dir: Path = RUNS_DIR, parameters: dict | None = None,
+            notebooks_dir: Path = NOTEBOOKS_DIR) -> int:
     import papermill as pm
 
+    todo = notebooks(only, notebooks_dir)  # fail before making a run folder
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(runs_dir) / stamp
     for sub in ("notebooks", "results", "logs"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     _point_latest(run_dir)
-    todo = notebooks(only)
     status = {"profile": profile, "base_url": base_url,
               "started": _dt.datetime.now().isoformat(timespec="seconds"), "finished": None,
               "notebooks": [{"name": p.stem, "status": "pending"} for p in todo]}
@@ -89,7 +90,7 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
         try:
             pm.execute_notebook(str(path), str(run_dir / "notebooks" / path.name),
                                 parameters=params, kernel_name="python3",
-                                cwd=str(NOTEBOOKS_DIR), progress_bar=False,
+                                cwd=str(notebooks_dir), progress_bar=False,
                                 report_mode=False)
             entry["status"] = "ok"
         except KeyboardInterrupt:
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-url", default=os.environ.get("LAB_REMOTE_URL", ""))
     parser.add_argument("--only", nargs="*", help="notebook name prefixes, e.g. 00 02")
     parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
+    parser.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS_DIR)
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[],
                         metavar=("NAME", "JSON"),
                         help="extra notebook parameter, value as JSON (e.g. -p repeats 3)")
@@ -137,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             params[name] = json.loads(raw)
         except ValueError:
             params[name] = raw
-    return run_all(args.profile, args.base_url, args.only, args.runs_dir, params)
+    return run_all(args.profile, args.base_url, args.only, args.runs_dir, params,
+                   args.notebooks_dir)
 
 
 if __name__ == "__main__":

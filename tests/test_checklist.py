@@ -32,3 +32,22 @@ def test_table_marks_missing_rows_and_uses_tags(tmp_path):
     row = table[table.technique == "prefix caching"].iloc[0]
     assert row.verdict == "confirmed" and row.measured == 90.0
     assert (table[table.technique != "prefix caching"].verdict == "missing").all()
+
+
+def test_report_shows_checklist_and_crosscheck(tmp_path):
+    from lab_utils.report import build_index
+    (tmp_path / "results").mkdir()
+    (tmp_path / "status.json").write_text(json.dumps(
+        {"profile": "cpu", "notebooks": [{"name": "12_checklist", "status": "ok"}]}))
+    (tmp_path / "results" / "12_checklist.json").write_text(json.dumps({
+        "notebook": "12_checklist", "findings": [],
+        "checklist": [{"technique": "prefix caching", "metric": "TTFT", "claimed": "40–60%",
+                       "measured": 90.0, "verdict": "confirmed", "change_ci95": [-95.0, -85.0],
+                       "notebook": "02_prefix_caching", "reason": "cpu"}],
+        "crosscheck": {"rows": [{"metric": "ttft", "stat": "median", "vllm_bench_ms": 100.0,
+                                 "lab_utils_ms": 101.0, "diff_pct": 1.0}]}}))
+    md, html = build_index(tmp_path)
+    text = md.read_text()
+    assert "| prefix caching | TTFT | 40–60% | 90 | -95 … -85 | confirmed |" in text
+    assert "vllm bench serve" in text and "+1.0" in text
+    assert "<img" in html.read_text()
