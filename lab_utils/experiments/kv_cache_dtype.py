@@ -1,0 +1,949 @@
+"""Experiments of `06_fp8_kv_cache`: what `--kv-cache-dtype fp8` does to KV-cache
+capacity, to single-request latency, to latency under memory pressure, and to
+the model's log-probabilities.
+
+The arms differ in `kv_cache_dtype` only. Every arm gets the same KV-cache
+*byte* budget through vLLM's `--kv-cache-memory-bytes`, so an fp8 cache holds
+more tokens in the same bytes: 4x on the cpu profile, whose model runs in
+float32 (4 bytes per KV element against 1).
+
+Why the lab's profile cannot simply pass `--kv-cache-memory-bytes`: on vLLM's
+CPU build, `VLLM_CPU_KVCACHE_SPACE` (set to 2 GiB in the cpu profile's env)
+overwrites `cache_config.kv_cache_memory_bytes` in `platforms/cpu.py`, so the
+flag is silently ignored while the variable is set, and the variable takes
+whole GiB only (`int(...)`; an empty value crashes the worker, which parses it
+in `envs.py`). :func:`use_kv_budget` therefore gives the notebook an engine
+pool whose profile leaves the variable out, and the budget is the real vLLM
+flag, the same in every arm.
+
+The CPU attention backend (`vllm/v1/attention/backends/cpu_attn.py`) accepts
+`auto`, `fp8`, `fp8_e4m3` and `fp8_e5m2` (fp8 needs AVX-512 or AMX and a head
+size divisible by 32); `fp8` is stored as e4m3. Its attention always reads K
+and V back from the cache (`cpu_attention_with_kv_cache`), prefill included,
+so the quantised cache shows in prompt log-probabilities too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import re
+import struct
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+import numpy as np
+import pandas as pd
+
+from ..client import Load, RequestSpec
+from ..counters import scrape
+from ..profiles import ConfigError, Profile
+from ..results import Results, measure
+from ..server import ArmUnavailable, EnginePool
+from ..workloads import (
+    chat,
+    long_documents,
+    quality_questions,
+    synthetic_specs,
+    tokenizer_for,
+)
+
+#: What vLLM's CPU attention backend accepts (`CPUAttentionBackend.supported_kv_cache_dtypes`).
+CPU_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+#: The reference arm every other arm is compared with.
+BASELINE = "auto"
+#: The environment variable that overrides `--kv-cache-memory-bytes` on vLLM's CPU build.
+CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+GIB = 1 << 30
+
+_ELEMENT_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2,
+                  "half": 2, "fp16": 2}
+
+# --------------------------------------------------------------------------
+# Pure helpers (unit-tested without a server)
+# --------------------------------------------------------------------------
+
+
+def kv_element_bytes(kv_cache_dtype: str, model_dtype: str = "float32") -> int:
+    """Bytes per cached K or V element: 1 for any fp8 format, else the model's
+    dtype (`auto` stores the KV cache in the dtype the model runs in)."""
+    kv = str(kv_cache_dtype).lower()
+    if kv.startswith("fp8"):
+        return 1
+    if kv not in ("auto", *_ELEMENT_BYTES):
+        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}")
+    dtype = str(model_dtype if kv == "auto" else kv).lower()
+    if dtype not in _ELEMENT_BYTES:
+        raise ValueError(f"cannot size a {dtype!r} KV cache: give the model dtype explicitly "
+                         f"(one of {sorted(_ELEMENT_BYTES)})")
+    return _ELEMENT_BYTES[dtype]
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """What one token's KV cache holds: K and V for every layer and KV head."""
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def bytes_per_token(self, element_bytes: int) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * int(element_bytes)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> KVGeometry:
+        """From a Hugging Face `config.json` (Llama-style attention)."""
+        heads = int(config["num_attention_heads"])
+        head_dim = config.get("head_dim") or int(config["hidden_size"]) // heads
+        return cls(int(config["num_hidden_layers"]),
+                   int(config.get("num_key_value_heads") or heads), int(head_dim))
+
+
+def kv_geometry(model_dir: str | Path) -> KVGeometry | None:
+    """The KV geometry of a local model folder, or None (hub id, remote)."""
+    path = Path(model_dir or "") / "config.json"
+    if not model_dir or not path.is_file():
+        return None
+    return KVGeometry.from_config(json.loads(path.read_text()))
+
+
+def expected_capacity_tokens(budget_bytes: int, bytes_per_token: int, block_size: int) -> int:
+    """Tokens a KV cache of `budget_bytes` holds: whole blocks of `block_size`
+    tokens (vLLM divides the budget by the bytes of one block in all layers)."""
+    if bytes_per_token <= 0 or block_size <= 0:
+        raise ValueError("bytes_per_token and block_size must be positive")
+    return int(budget_bytes) // (int(bytes_per_token) * int(block_size)) * int(block_size)
+
+
+def blocks_needed(tokens: int, block_size: int) -> int:
+    """KV blocks a sequence of `tokens` tokens occupies."""
+    return -(-int(tokens) // int(block_size))
+
+
+def requests_that_fit(capacity_tokens: int, block_size: int, prompt_tokens: int,
+                      output_tokens: int) -> int:
+    """How many requests of this shape can be in the cache at their full length."""
+    per_request = blocks_needed(prompt_tokens + output_tokens, block_size)
+    return (int(capacity_tokens) // int(block_size)) // per_request if per_request else 0
+
+
+def gib_to_bytes(gib: float) -> int:
+    """A KV budget in GiB as the whole number of bytes vLLM's flag takes."""
+    if not gib > 0:
+        raise ValueError(f"the KV-cache budget must be > 0 GiB, got {gib!r}")
+    return round(float(gib) * GIB)
+
+
+def arm_flags(kv_cache_dtype: str, budget_bytes: int | None,
+              max_model_len: int | None = None) -> dict[str, Any]:
+    """The engine flags of one arm: the KV dtype (the knob), plus the byte
+    budget and context length that every arm shares."""
+    flags: dict[str, Any] = {"kv_cache_dtype": str(kv_cache_dtype)}
+    if budget_bytes:
+        flags["kv_cache_memory_bytes"] = int(budget_bytes)
+    if max_model_len:
+        flags["max_model_len"] = int(max_model_len)
+    return flags
+
+
+def budget_profile(profile: Profile) -> Profile:
+    """`profile` without VLLM_CPU_KVCACHE_SPACE, so `--kv-cache-memory-bytes` counts."""
+    env = {k: v for k, v in profile.env.items() if k != CPU_KV_ENV}
+    return dataclasses.replace(profile, env=env)
+
+
+_KV_LOG = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens")
+_CONC_LOG = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+
+
+def parse_kv_log(text: str) -> dict[str, Any]:
+    """The last KV-capacity line of a vLLM server log ("CPU KV cache size: 23,296
+    tokens, Maximum concurrency for 4,096 tokens per request: 5.69x"; the GPU
+    build says "GPU KV cache size")."""
+    out: dict[str, Any] = {}
+    sizes = _KV_LOG.findall(text or "")
+    if sizes:
+        out["log_device"], out["log_kv_tokens"] = sizes[-1][0], int(sizes[-1][1].replace(",", ""))
+    conc = _CONC_LOG.findall(text or "")
+    if conc:
+        out["log_concurrency_at_tokens"] = int(conc[-1][0].replace(",", ""))
+        out["log_max_concurrency"] = float(conc[-1][1])
+    return out
+
+
+def prompt_token_logprobs(prompt_ids: Sequence[int],
+                          prompt_logprobs: Sequence[Mapping[str, Mapping] | None]
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """From a completions response's `prompt_logprobs` (one dict per prompt
+    position, None for the first): the log-prob of each actual prompt token,
+    and the model's top-1 token id at each position (rank 1), positions 1..n-1."""
+    if len(prompt_logprobs) != len(prompt_ids):
+        raise ValueError(f"{len(prompt_logprobs)} prompt_logprobs for {len(prompt_ids)} tokens")
+    logprobs, top1 = [], []
+    for token, entry in zip(prompt_ids[1:], prompt_logprobs[1:]):
+        if entry is None:
+            raise ValueError("a prompt position after the first has no log-probs")
+        logprobs.append(float(entry[str(token)]["logprob"]))
+        best = [int(t) for t, v in entry.items() if v.get("rank") == 1]
+        top1.append(best[0] if best else -1)
+    return np.asarray(logprobs, float), np.asarray(top1, int)
+
+
+def perplexity(logprobs: Sequence[float]) -> float:
+    """exp(-mean log-prob) of the given tokens."""
+    arr = np.asarray(logprobs, float)
+    return float(np.exp(-arr.mean())) if arr.size else math.nan
+
+
+def compare_logprobs(base: Mapping[str, np.ndarray], treated: Mapping[str, np.ndarray]
+                     ) -> dict[str, float]:
+    """Perplexity of each arm on the same tokens, its change, the mean and
+    largest absolute log-prob difference, and top-1 (argmax) agreement."""
+    a, b = np.asarray(base["logprobs"], float), np.asarray(treated["logprobs"], float)
+    if a.shape != b.shape:
+        raise ValueError(f"different token counts: {a.shape} vs {b.shape}")
+    diff = np.abs(b - a)
+    ppl_a, ppl_b = perplexity(a), perplexity(b)
+    return {"tokens": int(a.size), "ppl_baseline": ppl_a, "ppl_treated": ppl_b,
+            "ppl_change_pct": (ppl_b - ppl_a) / ppl_a * 100 if a.size else math.nan,
+            "mean_abs_logprob_diff": float(diff.mean()) if a.size else math.nan,
+            "p99_abs_logprob_diff": float(np.percentile(diff, 99)) if a.size else math.nan,
+            "max_abs_logprob_diff": float(diff.max()) if a.size else math.nan,
+            "top1_agreement": float(np.mean(np.asarray(base["top1"]) == np.asarray(treated["top1"])))
+            if a.size else math.nan}
+
+
+def answer_is_correct(answer: str, expected: Sequence[str]) -> bool:
+    """datasets/quality_questions.jsonl's rule: any expected string in the lower-cased answer."""
+    text = (answer or "").lower()
+    return any(e.lower() in text for e in expected)
+
+
+def answer_table(answers: Mapping[str, Sequence[str]], questions: Sequence[Mapping[str, Any]],
+                 baseline: str = BASELINE) -> pd.DataFrame:
+    """One row per question: each arm's greedy answer, whether it is correct,
+    and whether it is identical to the baseline arm's answer."""
+    rows = []
+    for i, q in enumerate(questions):
+        row: dict[str, Any] = {"id": q["id"], "question": q["question"]}
+        for arm, texts in answers.items():
+            row[f"answer_{arm}"] = texts[i].strip()
+            row[f"correct_{arm}"] = answer_is_correct(texts[i], q["answer_contains"])
+            if arm != baseline and baseline in answers:
+                row[f"same_as_{baseline}_{arm}"] = texts[i].strip() == answers[baseline][i].strip()
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("id") if rows else pd.DataFrame()
+
+
+def answer_summary(table: pd.DataFrame, arms: Sequence[str], baseline: str = BASELINE
+                   ) -> pd.DataFrame:
+    """Per arm: questions, correct answers, and answers identical to the baseline's."""
+    rows = {}
+    for arm in arms:
+        if f"answer_{arm}" not in table:
+            continue
+        same = table.get(f"same_as_{baseline}_{arm}")
+        rows[arm] = {"questions": len(table), "correct": int(table[f"correct_{arm}"].sum()),
+                     "identical_to_baseline": len(table) if arm == baseline
+                     else int(same.sum()) if same is not None else None}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def safetensors_parameters(model_dir: str | Path) -> int | None:
+    """Parameter count of a local safetensors checkpoint, from the file headers only."""
+    files = sorted(Path(model_dir or ".").glob("*.safetensors")) if model_dir else []
+    if not files:
+        return None
+    total = 0
+    for path in files:
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        total += sum(int(np.prod(v["shape"])) for k, v in header.items() if k != "__metadata__")
+    return total
+
+
+def decode_step_traffic(weight_bytes: float, kv_bytes_per_token: float, context_tokens: int,
+                        batch: int = 1) -> dict[str, float]:
+    """Bytes one decode step must read at least: all weights once, plus the KV
+    cache of every sequence in the batch, and the KV share of that traffic."""
+    kv = float(kv_bytes_per_token) * int(context_tokens) * int(batch)
+    total = float(weight_bytes) + kv
+    return {"weights_mb": weight_bytes / 1e6, "kv_mb": kv / 1e6, "total_mb": total / 1e6,
+            "kv_share_pct": kv / total * 100 if total else math.nan}
+
+
+def pressure_row(arm: str, run, gauges: pd.DataFrame, *, capacity_tokens: float,
+                 block_size: int, prompt_tokens: int, output_tokens: int,
+                 concurrency: int) -> dict[str, Any]:
+    """The numbers of one pressure run: latency tails and throughput (client),
+    preemptions and queue time (server counters), sampled queue depth."""
+    s, c = run.summary(), run.counters or {}
+    fits = (requests_that_fit(capacity_tokens, block_size, prompt_tokens, output_tokens)
+            if capacity_tokens and math.isfinite(capacity_tokens) else math.nan)
+    waiting = gauges.requests_waiting if len(gauges) else pd.Series(dtype=float)
+    running = gauges.requests_running if len(gauges) else pd.Series(dtype=float)
+    return {"arm": arm, "requests": s["requests"], "failed": s["failed"],
+            "concurrency": concurrency, "kv_cache_tokens": capacity_tokens,
+            "requests_that_fit": fits,
+            "preemptions": c.get("preemptions", math.nan),
+            "ttft_ms_median": s["ttft_ms_median"], "ttft_ms_p90": s["ttft_ms_p90"],
+            "ttft_ms_p99": s["ttft_ms_p99"], "tpot_ms_median": s["tpot_ms_median"],
+            "tpot_ms_p99": s["tpot_ms_p99"], "e2e_ms_p99": s["e2e_ms_p99"],
+            "output_tok_s": s["output_throughput"], "duration_s": s["duration_s"],
+            "server_queue_ms_mean": _ms(c.get("server_queue_s_mean")),
+            "server_queue_ms_p99": _ms(c.get("server_queue_s_p99")),
+            "running_max": float(running.max()) if len(running) else math.nan,
+            "waiting_max": float(waiting.max()) if len(waiting) else math.nan,
+            "kv_usage_max_pct": float(gauges.kv_cache_usage.max() * 100) if len(gauges)
+            else math.nan}
+
+
+def _ms(seconds: float | None) -> float:
+    return seconds * 1e3 if seconds is not None else math.nan
+
+
+# --------------------------------------------------------------------------
+# Talking to the engine
+# --------------------------------------------------------------------------
+
+
+def use_kv_budget(ctx, kv_cache_gib: float) -> int:
+    """Give `ctx` an engine pool in which `--kv-cache-memory-bytes` is obeyed
+    (the profile without VLLM_CPU_KVCACHE_SPACE) and return the budget in bytes.
+    Stops any engine of the old pool first (one engine at a time)."""
+    if CPU_KV_ENV in os.environ and ctx.profile.device == "cpu":
+        raise ConfigError(f"{CPU_KV_ENV} is set in this kernel's environment "
+                          f"({os.environ[CPU_KV_ENV]!r}); vLLM's CPU build would use it instead "
+                          "of --kv-cache-memory-bytes. Unset it and restart the kernel.")
+    budget = gib_to_bytes(kv_cache_gib)
+    log_dir = ctx.engines.log_dir
+    ctx.engines.close()
+    ctx.engines = EnginePool(budget_profile(ctx.profile), log_dir=log_dir)
+    return budget
+
+
+def _post_json(engine, path: str, body: dict, timeout: float = 600) -> dict:
+    req = urllib.request.Request(engine.base_url + path, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    if engine.api_key:
+        req.add_header("Authorization", f"Bearer {engine.api_key}")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def capacity_row(engine, arm: str, budget_bytes: int | None = None) -> dict[str, Any]:
+    """KV capacity as the engine reports it (vLLM's `cache_config_info` labels and
+    its start-up log line), next to what bytes-per-token arithmetic predicts."""
+    cc = engine.info.get("cache_config", {}) or {}
+
+    def num(key: str) -> float:
+        try:
+            return float(cc[key])
+        except (KeyError, TypeError, ValueError):
+            return math.nan
+
+    row: dict[str, Any] = {"arm": arm, "cache_dtype": cc.get("cache_dtype", "?"),
+                           "kv_cache_memory_bytes": num("kv_cache_memory_bytes"),
+                           "num_blocks": num("num_gpu_blocks"), "block_size": num("block_size"),
+                           "kv_cache_size_tokens": num("kv_cache_size_tokens"),
+                           "kv_cache_max_concurrency": num("kv_cache_max_concurrency")}
+    if engine.server is not None:
+        row.update(parse_kv_log(engine.server.log_path.read_text(errors="replace")))
+    geometry = kv_geometry(engine.model_path)
+    model_dtype = str(engine.profile.engine.get("dtype", "auto"))
+    if geometry and budget_bytes and math.isfinite(row["block_size"]):
+        try:
+            per_token = geometry.bytes_per_token(kv_element_bytes(arm, model_dtype))
+        except ValueError:
+            per_token = None
+        if per_token:
+            row["bytes_per_token"] = per_token
+            row["predicted_tokens"] = expected_capacity_tokens(budget_bytes, per_token,
+                                                               int(row["block_size"]))
+    return row
+
+
+class GaugeSampler:
+    """Samples vLLM's running/waiting request gauges and KV-cache usage from
+    /metrics every `interval_s` in a background thread (use as a context manager)."""
+
+    def __init__(self, engine, interval_s: float = 0.5):
+        self.engine, self.interval_s = engine, interval_s
+        self.rows: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        t0 = time.perf_counter()
+        while not self._stop.is_set():
+            try:
+                g = scrape(self.engine.base_url, self.engine.api_key).gauges
+                self.rows.append({"t_s": time.perf_counter() - t0, **g})
+            except (OSError, RuntimeError, ValueError):
+                pass  # a scrape that fails is a missing sample, not an error
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=["t_s", "kv_cache_usage", "requests_running",
+                                                "requests_waiting"])
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and all its live descendants (from /proc; empty off Linux)."""
+    children: dict[int, list[int]] = {}
+    proc = Path("/proc")
+    for entry in proc.iterdir() if proc.is_dir() else []:
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
+    """User + system CPU seconds each process has used so far (/proc/PID/stat)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[pid] = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+class EngineCPU:
+    """CPU time the engine's processes (server, engine core, workers) got during a
+    block, against the wall time: `share` is the fraction of all cores it used.
+    On a machine shared with other work, a low share means the arm's latencies
+    are inflated by contention; `cpu_s` per output token is less sensitive to it."""
+
+    def __init__(self, engine):
+        server = getattr(engine, "server", None)
+        self.root = server.proc.pid if server is not None and server.proc is not None else None
+        self.cpu_s = math.nan
+        self.wall_s = math.nan
+
+    def __enter__(self) -> Self:
+        self._t0 = time.perf_counter()
+        self._before = cpu_seconds(process_tree(self.root)) if self.root else {}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall_s = time.perf_counter() - self._t0
+        if self.root:
+            after = cpu_seconds(process_tree(self.root))
+            self.cpu_s = sum(t - self._before.get(pid, 0.0) for pid, t in after.items())
+
+    @property
+    def share(self) -> float:
+        cores = os.cpu_count() or 1
+        return self.cpu_s / (self.wall_s * cores) if self.wall_s and self.wall_s > 0 else math.nan
+
+
+def host_load() -> float:
+    """The machine's 1-minute load average: well above the core count means other
+    processes competed with the engine and the times of that arm are inflated."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return math.nan
+
+
+def warm_up(engine) -> None:
+    """One tiny request a fresh engine answers before anything is timed."""
+    _post_json(engine, "/v1/completions", {"model": engine.model, "prompt": "Hello",
+                                          "max_tokens": 4, "temperature": 0})
+
+
+def single_request_latency(engine, arm: str, *, prompt_tokens: int = 256,
+                           output_tokens: int = 32, repeats: int = 3, seed: int = 100,
+                           results: Results | None = None, progress: bool = True) -> pd.DataFrame:
+    """One request at a time (no batching, no memory pressure): TTFT and TPOT.
+    The same prompts in every arm (same seed), different from the other experiments'."""
+    specs = synthetic_specs(tokenizer_for(engine), repeats, prompt_tokens,
+                            max_tokens=output_tokens, seed=seed, tag="single")
+    with EngineCPU(engine) as cpu:
+        run = measure(engine, specs, Load.sequential(), label=f"{arm}/single", results=results,
+                      progress=progress)
+    itl = [g * 1e3 for r in run.records if r.ok for g in r.itl]
+    tokens = sum(r.output_tokens or 0 for r in run.records if r.ok)
+    return run.frame().assign(arm=arm, itl_ms_p50=np.median(itl) if itl else math.nan,
+                              itl_ms_p99=np.percentile(itl, 99) if itl else math.nan,
+                              engine_cpu_pct=cpu.share * 100,
+                              engine_cpu_ms_per_token=cpu.cpu_s * 1e3 / tokens if tokens
+                              else math.nan, host_load_1m=host_load())
+
+
+def quality_text_ids(engine, tokens: int, doc: int = 0) -> list[int]:
+    """The first `tokens` token ids of shipped document `doc` (the fixed text)."""
+    ids = list(tokenizer_for(engine).encode(long_documents()[doc]["text"]))
+    if len(ids) < tokens:
+        raise ValueError(f"document {doc} has {len(ids)} tokens, fewer than {tokens}")
+    return ids[:tokens]
+
+
+def prompt_logprobs(engine, ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """Non-streaming completions request with vLLM's `prompt_logprobs` extra
+    parameter: the log-prob the engine gives each token of `ids` after the ones
+    before it (teacher forcing), and its top-1 token at each position."""
+    body = {"model": engine.model, "prompt": list(ids), "max_tokens": 1, "temperature": 0,
+            "prompt_logprobs": 1}
+    data = _post_json(engine, "/v1/completions", body)
+    logprobs, top1 = prompt_token_logprobs(ids, data["choices"][0]["prompt_logprobs"])
+    return {"logprobs": logprobs, "top1": top1}
+
+
+def greedy_answers(engine, arm: str, questions: Sequence[Mapping[str, Any]], *,
+                   max_tokens: int = 24, results: Results | None = None) -> list[str]:
+    """Greedy (temperature 0) chat answers to `questions`, sent together."""
+    specs = [RequestSpec(messages=chat(q["question"]), max_tokens=max_tokens, tag="quality")
+             for q in questions]
+    run = measure(engine, specs, Load.concurrent(max(1, len(specs))), label=f"{arm}/answers",
+                  results=results, progress=False)
+    by_index = {r.index: r.text for r in run.records}
+    return [by_index.get(i, "") for i in range(len(specs))]
+
+
+def pressure_run(engine, arm: str, *, requests: int = 8, concurrency: int | None = None,
+                 prompt_tokens: int = 256, output_tokens: int = 64, seed: int = 200,
+                 results: Results | None = None, progress: bool = True,
+                 label: str | None = None) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
+    """`requests` long requests, `concurrency` of them in flight (default: all at
+    once), each decoding exactly `output_tokens` tokens, against a small KV budget.
+    Returns the arm's summary row, its per-request frame and the sampled gauges."""
+    concurrency = int(concurrency or requests)
+    specs = synthetic_specs(tokenizer_for(engine), requests, prompt_tokens,
+                            max_tokens=output_tokens, seed=seed, tag="pressure")
+    with GaugeSampler(engine) as sampler, EngineCPU(engine) as cpu:
+        run = measure(engine, specs, Load.concurrent(concurrency),
+                      label=label or f"{arm}/pressure", results=results, progress=progress)
+    gauges = sampler.frame().assign(arm=arm)
+    cc = engine.info.get("cache_config", {}) or {}
+    prompt_len = int(np.median([r.prompt_tokens for r in run.records if r.prompt_tokens] or
+                               [prompt_tokens]))
+    row = pressure_row(arm, run, gauges,
+                       capacity_tokens=float(cc.get("kv_cache_size_tokens", "nan")),
+                       block_size=int(cc.get("block_size", 16)), prompt_tokens=prompt_len,
+                       output_tokens=output_tokens, concurrency=concurrency)
+    tokens = sum(r.output_tokens or 0 for r in run.records if r.ok)
+    row.update(engine_cpu_pct=cpu.share * 100, host_load_1m=host_load(),
+               engine_cpu_ms_per_token=cpu.cpu_s * 1e3 / tokens if tokens else math.nan)
+    return row, run.frame().assign(arm=arm), gauges
+
+
+@dataclass
+class ArmsResult:
+    """Everything `run_arms` measured, one table per experiment."""
+    budget_bytes: int
+    capacity: pd.DataFrame = field(default_factory=pd.DataFrame)
+    single: pd.DataFrame = field(default_factory=pd.DataFrame)
+    logprobs: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    answers: dict[str, list[str]] = field(default_factory=dict)
+    pressure: pd.DataFrame = field(default_factory=pd.DataFrame)
+    pressure_requests: pd.DataFrame = field(default_factory=pd.DataFrame)
+    gauges: pd.DataFrame = field(default_factory=pd.DataFrame)
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def arms(self) -> list[str]:
+        return list(self.capacity.index)
+
+
+def run_arms(ctx, kv_dtypes: Sequence[str] = ("auto", "fp8"), *, kv_cache_gib: float = 0.0625,
+             max_model_len: int = 1024, single_prompt_tokens: int = 256,
+             single_output_tokens: int = 32, single_repeats: int = 3, quality_tokens: int = 768,
+             n_questions: int = 10, pressure_requests: int = 8, pressure_prompt_tokens: int = 256,
+             pressure_output_tokens: int = 64, progress: bool = True) -> ArmsResult:
+    """Every experiment on one arm, then on the next: one engine start per KV
+    dtype. An arm the target cannot serve (remote profile) is skipped and noted."""
+    out = ArmsResult(budget_bytes=use_kv_budget(ctx, kv_cache_gib))
+    cap, single, pressure, reqs, gauges = [], [], [], [], []
+    questions = quality_questions()[:n_questions]
+    for arm in kv_dtypes:
+        try:
+            engine = ctx.engine(**arm_flags(arm, out.budget_bytes, max_model_len))
+        except ArmUnavailable as exc:
+            ctx.results.note(f"arm {arm!r} skipped: {exc}")
+            print(f"arm {arm!r} skipped: {exc}")
+            out.skipped.append(arm)
+            continue
+        cap.append(capacity_row(engine, arm, out.budget_bytes))
+        warm_up(engine)
+        single.append(single_request_latency(
+            engine, arm, prompt_tokens=single_prompt_tokens, output_tokens=single_output_tokens,
+            repeats=single_repeats, results=ctx.results, progress=progress))
+        out.logprobs[arm] = prompt_logprobs(engine, quality_text_ids(engine, quality_tokens))
+        out.answers[arm] = greedy_answers(engine, arm, questions, results=ctx.results)
+        row, frame, g = pressure_run(engine, arm, requests=pressure_requests,
+                                     prompt_tokens=pressure_prompt_tokens,
+                                     output_tokens=pressure_output_tokens,
+                                     results=ctx.results, progress=progress)
+        pressure.append(row)
+        reqs.append(frame)
+        gauges.append(g)
+    if cap:
+        out.capacity = pd.DataFrame(cap).set_index("arm")
+        out.single = pd.concat(single, ignore_index=True)
+        out.pressure = pd.DataFrame(pressure).set_index("arm")
+        out.pressure_requests = pd.concat(reqs, ignore_index=True)
+        out.gauges = pd.concat(gauges, ignore_index=True)
+    return out
+
+
+# --------------------------------------------------------------------------
+# Tables the notebook shows
+# --------------------------------------------------------------------------
+
+CAPACITY_COLUMNS = ["cache_dtype", "kv_cache_memory_bytes", "bytes_per_token", "num_blocks",
+                    "kv_cache_size_tokens", "predicted_tokens", "log_kv_tokens",
+                    "kv_cache_max_concurrency", "log_max_concurrency"]
+PRESSURE_COLUMNS = ["requests", "failed", "requests_that_fit", "preemptions", "waiting_max",
+                    "running_max", "kv_usage_max_pct", "server_queue_ms_mean", "ttft_ms_median",
+                    "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_median", "output_tok_s", "duration_s",
+                    "engine_cpu_ms_per_token", "engine_cpu_pct", "host_load_1m"]
+
+
+def capacity_table(result: ArmsResult) -> pd.DataFrame:
+    """The capacity rows with the token ratio of every arm against the baseline."""
+    t = result.capacity.reindex(columns=CAPACITY_COLUMNS)
+    if BASELINE in t.index:
+        t["tokens_vs_auto"] = t.kv_cache_size_tokens / t.loc[BASELINE, "kv_cache_size_tokens"]
+    return t
+
+
+def single_table(single: pd.DataFrame) -> pd.DataFrame:
+    """Per arm: TTFT and TPOT median/p90 and the pooled ITL p50/p99 (ms)."""
+    if single.empty:
+        return pd.DataFrame()
+    g = single[single.ok.astype(bool)].groupby("arm", sort=False)
+    return pd.DataFrame({"requests": g.size(), "ttft_ms_median": g.ttft_ms.median(),
+                         "ttft_ms_p90": g.ttft_ms.quantile(0.9),
+                         "tpot_ms_median": g.tpot_ms.median(),
+                         "tpot_ms_p90": g.tpot_ms.quantile(0.9),
+                         "itl_ms_p50": g.itl_ms_p50.first(), "itl_ms_p99": g.itl_ms_p99.first(),
+                         "engine_cpu_ms_per_token": g.engine_cpu_ms_per_token.first(),
+                         "engine_cpu_pct": g.engine_cpu_pct.first(),
+                         "host_load_1m": g.host_load_1m.first()})
+
+
+def quality_table(result: ArmsResult, baseline: str = BASELINE) -> pd.DataFrame:
+    """Per arm against the baseline: perplexity, log-prob differences, top-1 agreement."""
+    if baseline not in result.logprobs:
+        return pd.DataFrame()
+    rows = {arm: compare_logprobs(result.logprobs[baseline], lp)
+            for arm, lp in result.logprobs.items()}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def predicted_capacity(geometry: KVGeometry, budget_bytes: int, block_size: int,
+                       max_model_len: int, kv_dtypes: Sequence[str],
+                       model_dtype: str = "float32") -> pd.DataFrame:
+    """The same arithmetic for another budget (e.g. the profile's 2 GiB): tokens
+    and the maximum concurrency vLLM would report at `max_model_len`."""
+    rows = {}
+    for arm in kv_dtypes:
+        per_token = geometry.bytes_per_token(kv_element_bytes(arm, model_dtype))
+        tokens = expected_capacity_tokens(budget_bytes, per_token, block_size)
+        rows[arm] = {"bytes_per_token": per_token, "kv_cache_size_tokens": tokens,
+                     "max_concurrency": tokens / max_model_len}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def default_block_size(profile: Profile) -> int:
+    """vLLM's default KV block size: 128 tokens on the CPU backend (platforms/cpu.py), 16 on GPUs."""
+    return 128 if profile.device == "cpu" else 16
+
+
+def predicted_table(profile: Profile, budget_bytes: int, max_model_len: int,
+                    kv_dtypes: Sequence[str], *, pressure_shape: tuple[int, int] | None = None
+                    ) -> pd.DataFrame:
+    """Before any engine starts: tokens, maximum concurrency (and requests of the
+    pressure shape that fit) per arm at this budget and at the profile's own
+    2 GiB cpu default. Empty when the model or its dtype is not known locally."""
+    model_dtype = str(profile.engine.get("dtype", "auto"))
+    geometry = None if profile.is_remote else kv_geometry(profile.model_for())
+    if geometry is None or model_dtype.lower() not in _ELEMENT_BYTES:
+        return pd.DataFrame()
+    block = default_block_size(profile)
+    cases = {f"{budget_bytes / 2**20:g} MiB, max_model_len {max_model_len}":
+             (budget_bytes, max_model_len)}
+    if profile.env.get(CPU_KV_ENV):
+        cases[f"{profile.env[CPU_KV_ENV]} GiB ({CPU_KV_ENV}), max_model_len "
+              f"{profile.engine.get('max_model_len', max_model_len)}"] = (
+            int(profile.env[CPU_KV_ENV]) * GIB, int(profile.engine.get("max_model_len",
+                                                                       max_model_len)))
+    frames = {}
+    for name, (budget, mml) in cases.items():
+        t = predicted_capacity(geometry, budget, block, mml, kv_dtypes, model_dtype)
+        if pressure_shape:
+            t["pressure_requests_that_fit"] = [
+                requests_that_fit(n, block, *pressure_shape) for n in t.kv_cache_size_tokens]
+        frames[name] = t
+    return pd.concat(frames, names=["budget", "arm"])
+
+
+def traffic_table(profile: Profile, kv_dtypes: Sequence[str],
+                  cases: Mapping[str, tuple[int, int]]) -> pd.DataFrame:
+    """Least bytes one decode step reads (weights + KV of the batch) per arm and
+    case {name: (context tokens, batch)}, and the KV share of them."""
+    model_dtype = str(profile.engine.get("dtype", "auto"))
+    model_dir = None if profile.is_remote else profile.model_for()
+    geometry, params = kv_geometry(model_dir), safetensors_parameters(model_dir)
+    if geometry is None or params is None or model_dtype.lower() not in _ELEMENT_BYTES:
+        return pd.DataFrame()
+    weights = params * _ELEMENT_BYTES[model_dtype.lower()]
+    rows = []
+    for name, (context, batch) in cases.items():
+        for arm in kv_dtypes:
+            per_token = geometry.bytes_per_token(kv_element_bytes(arm, model_dtype))
+            rows.append({"case": name, "arm": arm, "context_tokens": context, "batch": batch,
+                         **decode_step_traffic(weights, per_token, context, batch)})
+    return pd.DataFrame(rows).set_index(["case", "arm"])
+
+
+SINGLE_COLUMNS = ["requests", "ttft_ms_median", "ttft_ms_p90", "tpot_ms_median", "tpot_ms_p90",
+                  "itl_ms_p50", "itl_ms_p99", "engine_cpu_ms_per_token", "engine_cpu_pct",
+                  "host_load_1m"]
+QUALITY_COLUMNS = ["tokens", "ppl_baseline", "ppl_treated", "ppl_change_pct",
+                   "mean_abs_logprob_diff", "p99_abs_logprob_diff", "max_abs_logprob_diff",
+                   "top1_agreement"]
+
+
+def pressure_table(result: ArmsResult) -> pd.DataFrame:
+    """The pressure rows, in the notebook's column order (empty if no arm ran)."""
+    return result.pressure.reindex(columns=PRESSURE_COLUMNS)
+
+
+def headline(result: ArmsResult, baseline: str = BASELINE) -> dict[str, Any]:
+    """Baseline and treated (first other arm) numbers the findings cite; NaN where
+    an arm did not run (remote profile), so the findings cells still run."""
+    others = [a for a in result.arms if a != baseline]
+    treated = others[0] if others else "fp8"
+    keys = [baseline, treated]
+    questions = quality_questions()[:max((len(v) for v in result.answers.values()), default=0)]
+    answers = answer_summary(answer_table(result.answers, questions), keys)
+    return {"baseline": baseline, "treated": treated,
+            "capacity": capacity_table(result).reindex(keys),
+            "single": single_table(result.single).reindex(index=keys, columns=SINGLE_COLUMNS),
+            "pressure": pressure_table(result).reindex(keys),
+            "quality": quality_table(result).reindex(index=[treated],
+                                                     columns=QUALITY_COLUMNS).loc[treated],
+            "answers": answers.reindex(index=keys, columns=["questions", "correct",
+                                                            "identical_to_baseline"])}
+
+
+def vllm_source(relpath: str, start: str, lines: int = 8) -> str:
+    """`lines` lines of the installed vLLM's `relpath`, from the first line that
+    contains `start` (read as text; vLLM is not imported)."""
+    import importlib.util
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return f"(vLLM is not installed here: cannot show {relpath})"
+    path = Path(spec.submodule_search_locations[0]) / relpath
+    text = path.read_text().splitlines()
+    for i, line in enumerate(text):
+        if start in line:
+            body = "\n".join(f"{i + 1 + k:5d}  {t}" for k, t in enumerate(text[i:i + lines]))
+            return f"# vllm/{relpath}\n{body}"
+    return f"(no line with {start!r} in vllm/{relpath}: the installed version differs)"
+
+
+# --------------------------------------------------------------------------
+# Explore
+# --------------------------------------------------------------------------
+
+_explore_seeds = itertools.count(10_000, 100)
+
+
+def explore_pressure(ctx, kv_cache_dtype: str, concurrency: int, *, requests: int = 8,
+                     kv_cache_gib: float = 0.0625, max_model_len: int = 1024,
+                     prompt_tokens: int = 256, output_tokens: int = 64) -> pd.DataFrame:
+    """Explore: the pressure run again for one KV dtype and concurrency, on
+    fresh prompts (so the prefix cache cannot help), with the notebook's budget."""
+    if ctx.engines.profile.env.get(CPU_KV_ENV):  # the notebook's pool would ignore the budget
+        use_kv_budget(ctx, kv_cache_gib)
+    budget = gib_to_bytes(kv_cache_gib)
+    try:
+        engine = ctx.engine(**arm_flags(kv_cache_dtype, budget, max_model_len))
+    except ArmUnavailable as exc:
+        print(f"arm {kv_cache_dtype!r} unavailable: {exc}")
+        return pd.DataFrame()
+    row, _, _ = pressure_run(engine, kv_cache_dtype, requests=max(requests, concurrency),
+                             concurrency=concurrency, prompt_tokens=prompt_tokens,
+                             output_tokens=output_tokens, seed=next(_explore_seeds),
+                             label=f"explore/{kv_cache_dtype}/c{concurrency}")
+    return pd.DataFrame([row]).set_index("arm")[PRESSURE_COLUMNS].round(1)
+
+
+# --------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------
+
+
+def plot_latencies(frame: pd.DataFrame, title: str):
+    """TTFT and TPOT per request by arm (`lab.plots.latency_distributions`), or
+    nothing when no arm ran."""
+    if frame.empty:
+        print("no requests to draw")
+        return None
+    from ..plots import latency_distributions
+    return latency_distributions(frame, metrics=("ttft_ms", "tpot_ms"), hue="arm", title=title)
+
+
+def plot_capacity(capacity: pd.DataFrame, budget_bytes: int,
+                  title: str = "KV-cache capacity in the same byte budget"):
+    """Tokens the engine reports per arm (bars), with the bytes-per-token prediction."""
+    import matplotlib.pyplot as plt
+    if capacity.empty:
+        print("no arms to draw")
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    x = np.arange(len(capacity))
+    ax.bar(x, capacity.kv_cache_size_tokens, color="tab:blue", label="reported by vLLM")
+    if "predicted_tokens" in capacity:
+        ax.scatter(x, capacity.predicted_tokens, marker="_", s=900, color="tab:orange",
+                   zorder=3, label="predicted: budget / bytes per token")
+    for xi, v in zip(x, capacity.kv_cache_size_tokens):
+        ax.annotate(f"{v:,.0f}", (xi, v), ha="center", va="bottom", fontsize="small")
+    ax.set_xticks(x, [f"{a}\n(engine reports {d})" for a, d in
+                      zip(capacity.index, capacity.cache_dtype)])
+    ax.set_xlabel("--kv-cache-dtype")
+    ax.set_ylabel("KV-cache capacity (tokens)")
+    ax.set_ylim(0, capacity.kv_cache_size_tokens.max() * 1.2)
+    ax.legend(loc="upper left", fontsize="small")
+    fig.suptitle(f"{title} ({budget_bytes / 2**20:.0f} MiB)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_pressure(gauges: pd.DataFrame, title: str = "Requests running and waiting "
+                  "under memory pressure"):
+    """vLLM's running/waiting gauges and KV usage against time, one column per arm."""
+    import matplotlib.pyplot as plt
+    if gauges.empty:
+        print("no gauge samples to draw")
+        return None
+    arms = list(dict.fromkeys(gauges.arm))
+    fig, axes = plt.subplots(2, len(arms), figsize=(5.5 * len(arms), 5.5), squeeze=False,
+                             sharex=True, sharey="row")
+    for col, arm in enumerate(arms):
+        g = gauges[gauges.arm == arm]
+        top, bottom = axes[0][col], axes[1][col]
+        top.step(g.t_s, g.requests_running, where="post", label="running")
+        top.step(g.t_s, g.requests_waiting, where="post", label="waiting")
+        top.set_title(f"kv_cache_dtype={arm}")
+        top.set_ylabel("requests")
+        top.legend(fontsize="small")
+        bottom.plot(g.t_s, g.kv_cache_usage * 100, color="tab:red", label="KV-cache usage")
+        bottom.set_ylim(0, 105)
+        bottom.set_xlabel("time since the run started (s)")
+        bottom.set_ylabel("KV-cache usage (%)")
+        bottom.legend(fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_logprobs(result: ArmsResult, baseline: str = BASELINE,
+                  title: str = "Prompt log-probabilities: fp8 KV cache against auto"):
+    """Per token: the log-prob under each fp8 arm against the baseline's (left), and
+    the absolute difference along the text (right)."""
+    import matplotlib.pyplot as plt
+    others = [a for a in result.logprobs if a != baseline]
+    if baseline not in result.logprobs or not others:
+        print("needs the baseline arm and one more")
+        return None
+    base = result.logprobs[baseline]["logprobs"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for arm in others:
+        lp = result.logprobs[arm]["logprobs"]
+        left.scatter(base, lp, s=6, alpha=0.5, label=arm)
+        right.plot(np.arange(1, len(lp) + 1), np.abs(lp - base), lw=0.8, alpha=0.8, label=arm)
+    lo = float(min(base.min(), *(result.logprobs[a]["logprobs"].min() for a in others)))
+    left.plot([lo, 0], [lo, 0], color="grey", ls=":", label="no change")
+    left.set_xlabel(f"log-prob with kv_cache_dtype={baseline}")
+    left.set_ylabel("log-prob with the fp8 cache")
+    left.legend(fontsize="small")
+    right.set_xlabel("token position in the text")
+    right.set_ylabel("|log-prob difference| (nats)")
+    right.legend(fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+__all__ = [
+    "BASELINE",
+    "CAPACITY_COLUMNS",
+    "CPU_KV_CACHE_DTYPES",
+    "CPU_KV_ENV",
+    "PRESSURE_COLUMNS",
+    "ArmsResult",
+    "GaugeSampler",
+    "KVGeometry",
+    "answer_is_correct",
+    "answer_summary",
+    "answer_table",
+    "arm_flags",
+    "blocks_needed",
+    "budget_profile",
+    "capacity_row",
+    "capacity_table",
+    "compare_logprobs",
+    "decode_step_traffic",
+    "default_block_size",
+    "expected_capacity_tokens",
+    "explore_pressure",
+    "gib_to_bytes",
+    "greedy_answers",
+    "headline",
+    "host_load",
+    "kv_element_bytes",
+    "kv_geometry",
+    "parse_kv_log",
+    "perplexity",
+    "plot_capacity",
+    "plot_logprobs",
+    "plot_pressure",
+    "predicted_capacity",
+    "predicted_table",
+    "pressure_row",
+    "pressure_run",
+    "prompt_logprobs",
+    "prompt_token_logprobs",
+    "quality_table",
+    "quality_text_ids",
+    "requests_that_fit",
+    "run_arms",
+    "safetensors_parameters",
+    "single_request_latency",
+    "single_table",
+    "traffic_table",
+    "use_kv_budget",
+    "vllm_source",
+    "warm_up",
+]

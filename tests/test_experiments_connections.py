@@ -1,0 +1,154 @@
+"""Experiments of 08_connection_reuse: set-up tracing, the emulated remote
+link, and the three client arms counted against a fake upstream and the app
+(no vLLM needed)."""
+import asyncio
+import time
+
+import pytest
+from fake_openai import FakeOpenAI
+
+from lab_utils.app import AppServer, hypercorn_available
+from lab_utils.client import run_sync
+from lab_utils.experiments import connections as cx
+
+
+def test_connection_setup_from_a_trace():
+    trace = cx.ConnTrace({"connection.connect_tcp.started": 1.0,
+                          "connection.connect_tcp.complete": 1.002,
+                          "connection.start_tls.started": 1.002,
+                          "connection.start_tls.complete": 1.010})
+    setup = cx.connection_setup(trace)
+    assert setup["tcp_ms"] == pytest.approx(2.0) and setup["tls_ms"] == pytest.approx(8.0)
+    assert setup["setup_ms"] == pytest.approx(10.0) and setup["new_connection"]
+    reused = cx.connection_setup(cx.ConnTrace({"http11.send_request_headers.started": 1.0}))
+    assert reused == {"tcp_ms": 0.0, "tls_ms": 0.0, "setup_ms": 0.0, "new_connection": False}
+
+
+@pytest.mark.parametrize("n, c, rounds, sizes", [
+    (12, 1, 3, [4, 4, 4]),
+    (12, 8, 3, [8, 8]),          # at least 2 x c requests, rounds of at least c
+    (64, 32, 3, [32, 32]),
+    (10, 1, 3, [4, 4, 2]),
+    (3, 1, 5, [1, 1, 1]),
+])
+def test_plan_rounds(n, c, rounds, sizes):
+    assert cx.plan_rounds(n, c, rounds) == sizes
+
+
+def test_make_client_rejects_unknown_arms():
+    with pytest.raises(ValueError, match="arm must be one of"):
+        cx.make_client("carrier-pigeon")
+
+
+def test_delay_proxy_adds_the_round_trip():
+    async def echo(reader, writer):
+        while data := await reader.read(100):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    async def go(one_way):
+        server = await asyncio.start_server(echo, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with cx.DelayProxy("127.0.0.1", port, one_way) as proxy:
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            t0 = time.perf_counter()
+            writer.write(b"ping")
+            await writer.drain()
+            got = await reader.readexactly(4)
+            rtt = time.perf_counter() - t0
+            writer.close()
+        server.close()
+        return got, rtt, proxy.accepted
+
+    got, rtt, accepted = run_sync(go(0.05))
+    assert got == b"ping" and accepted == 1
+    assert 0.1 <= rtt < 0.3
+
+
+def test_slow_connect_delays_only_the_connect():
+    class Inner:
+        async def connect_tcp(self, host, port, **kw):
+            return (host, port, kw)
+
+        async def sleep(self, s):
+            await asyncio.sleep(s)
+
+    async def go():
+        t0 = time.perf_counter()
+        out = await cx.SlowConnect(Inner(), 0.05).connect_tcp("h", 1, timeout=2)
+        return out, time.perf_counter() - t0
+
+    out, took = run_sync(go())
+    assert out[:2] == ("h", 1) and out[2]["timeout"] == 2
+    assert took >= 0.05
+
+
+@pytest.fixture(scope="module")
+def fake():
+    server = FakeOpenAI().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def app(fake, tmp_path_factory):
+    with AppServer(fake.base_url, "chat",
+                   log_path=tmp_path_factory.mktemp("app") / "app.log") as server:
+        yield server
+
+
+def test_arms_open_the_connections_they_should(fake):
+    target = cx.Target("fake", fake.base_url, "chat")
+    new = run_sync(cx.run_arm(target, "new", 4, 1))
+    pooled = run_sync(cx.run_arm(target, "pooled", 4, 1))
+    h2 = run_sync(cx.run_arm(target, "http2", 4, 2))
+    assert all(r["ok"] for r in new + pooled + h2)
+    assert sum(r["new_connection"] for r in new) == 4
+    assert sum(r["new_connection"] for r in pooled) == 1
+    assert [r["new_connection"] for r in pooled] == [True, False, False, False]
+    # No TLS, so no ALPN: http2=True still speaks HTTP/1.1 (two connections at c=2).
+    assert {r["http_version"] for r in h2} == {"HTTP/1.1"}
+    assert sum(r["new_connection"] for r in h2) == 2
+    assert all(r["tls_ms"] == 0 for r in new)
+
+
+def test_sweep_counts_connections_on_both_sides(app):
+    frame = cx.sweep([cx.app_target(app)], ("new", "pooled"), (1, 3), requests_per_level=4,
+                     progress=False)
+    table = cx.summary_table(frame)
+    for _, row in table.iterrows():
+        assert row["connections (client trace)"] == row["connections (server count)"]
+    assert table.loc[("app (HTTP, uvicorn)", "new", 3), "connections (client trace)"] == 6
+    assert table.loc[("app (HTTP, uvicorn)", "pooled", 1), "connections (client trace)"] == 1
+    assert table.loc[("app (HTTP, uvicorn)", "pooled", 3), "connections (client trace)"] == 3
+    saved = cx.savings(frame, ["target", "concurrency"], treated=("pooled",))
+    assert list(saved.columns) == ["pooled: saved (ms)", "pooled: change (%)"]
+
+
+def test_http_versions_of_a_plain_server(fake):
+    table = cx.http_versions([cx.Target("fake", fake.base_url, "chat")])
+    versions = table["http_version"].tolist()
+    assert versions[0] == "HTTP/1.1"            # http2=True, no TLS: HTTP/1.1
+    assert versions[1] != "HTTP/2"              # h2c prior knowledge is refused
+
+
+@pytest.mark.skipif(not hypercorn_available(), reason="HTTP/2 needs hypercorn (requirements.txt)")
+def test_tls_arms_and_emulated_rtt(fake, tmp_path):
+    with AppServer(fake.base_url, "chat", log_path=tmp_path / "app.log", server="hypercorn",
+                   tls=True) as app:
+        target = cx.app_target(app)
+        frame = cx.sweep([target], concurrencies=(4,), requests_per_level=8, progress=False)
+        table = cx.summary_table(frame)
+        name = target.name
+        assert table.loc[(name, "http2", 4), "HTTP"] == "2"
+        assert table.loc[(name, "http2", 4), "connections (client trace)"] == 1
+        assert table.loc[(name, "http2", 4), "connections (server count)"] == 1
+        assert table.loc[(name, "new", 4), "connections (server count)"] == 8
+        new = frame[(frame.arm == "new") & frame.ok]
+        assert (new.tls_ms > 0).all() and set(new.tls_version) == {"TLSv1.3"}
+        remote = cx.remote_sweep(target, [0, 60], ("new", "pooled"), n=3, progress=False)
+        t = cx.remote_table(remote)
+        # A new TLS connection per request pays the TCP and TLS round trips.
+        assert t.loc[(60, "new"), "TTFT p50 (ms)"] - t.loc[(60, "pooled"), "TTFT p50 (ms)"] > 80
+        assert t.loc[(60, "new"), "connections (client trace)"] == 3

