@@ -76,3 +76,19 @@ def export_arm(results_json: str | Path, arm: str, out_path: str | Path) -> Path
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(doc, indent=2))
     return out_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(description="Export one arm of a notebook's results as a "
+                                             "`vllm bench serve` result JSON.")
+    ap.add_argument("results_json", help="e.g. runs/latest/results/02_prefix_caching.json")
+    ap.add_argument("arm", help="the arm's label (a key of 'arms' in that file)")
+    ap.add_argument("out", help="output .json path")
+    args = ap.parse_args(argv)
+    print(export_arm(args.results_json, args.arm, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
