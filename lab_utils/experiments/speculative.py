@@ -1,0 +1,837 @@
+"""Experiments of `04_speculative_decoding`: what speculative decoding does to
+TPOT, for two kinds of proposer, two kinds of text and two loads.
+
+Every arm is one engine. The baseline has no `--speculative-config`; each
+treated arm adds exactly that flag:
+
+- **n-gram prompt lookup** (`{"method": "ngram", "num_speculative_tokens": k,
+  "prompt_lookup_max": 4, "prompt_lookup_min": 2}`): the proposer looks for the
+  last 2-4 generated tokens earlier in the request's own tokens (prompt and
+  output) and proposes the k tokens that followed them there. No model runs.
+- **a draft model** (`{"model": PATH, "num_speculative_tokens": k}`; vLLM sets
+  `method="draft_model"` when a model is given without a method): a smaller
+  model of the same vocabulary runs k decode steps of its own to propose.
+
+The target model checks all k proposals in one forward pass and keeps the
+longest prefix that matches what it would have produced itself, plus one token
+of its own, so one engine step emits 1 to k+1 tokens. With greedy sampling
+(temperature 0) the output must be the same text as without speculation.
+
+Each engine runs every workload and load before the next engine starts
+(engine starts dominate the run time): code edits and chat one request at a
+time, then code edits at a high concurrency. The spec-decode counters on
+/metrics (drafts, draft tokens, accepted tokens, accepted tokens per position)
+are read around every run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..client import Load, RequestRecord, RequestSpec
+from ..counters import scrape_text
+from ..profiles import ConfigError, Profile
+from ..results import Results, measure
+from ..server import ArmUnavailable
+from ..workloads import chat_specs, code_edit_specs
+
+#: The n-gram window of the article-style prompt-lookup arm (vLLM's default is 5..5).
+NGRAM_LOOKUP = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
+WORKLOADS = ("code_edit", "chat")
+PER_POS_FAMILY = "vllm:spec_decode_num_accepted_tokens_per_pos"
+#: Columns of the run table the notebook shows first.
+RUN_COLUMNS = ["requests", "output_tokens", "tpot_ms_median", "tpot_ms_p90", "tpot_ms_p99",
+               "itl_chunk_ms_median", "itl_token_ms_median", "tokens_per_chunk",
+               "e2e_ms_median", "output_throughput", "acceptance_rate",
+               "mean_accepted_length", "host_load_1m"]
+
+
+# --------------------------------------------------------------------------
+# Arms and their engine flags (pure)
+# --------------------------------------------------------------------------
+
+def ngram_config(k: int, prompt_lookup_max: int = 4, prompt_lookup_min: int = 2) -> dict:
+    """vLLM `speculative_config` for n-gram prompt lookup with `k` proposed tokens."""
+    _check_k(k)
+    if not 1 <= prompt_lookup_min <= prompt_lookup_max:
+        raise ValueError(f"need 1 <= prompt_lookup_min ({prompt_lookup_min}) <= "
+                         f"prompt_lookup_max ({prompt_lookup_max})")
+    return {"method": "ngram", "num_speculative_tokens": int(k),
+            "prompt_lookup_max": int(prompt_lookup_max),
+            "prompt_lookup_min": int(prompt_lookup_min)}
+
+
+def draft_model_config(model: str, k: int) -> dict:
+    """vLLM `speculative_config` for a draft model (a local folder or a hub id)."""
+    _check_k(k)
+    if not model:
+        raise ValueError("a draft-model arm needs the draft model's path or hub id")
+    return {"model": str(model), "num_speculative_tokens": int(k)}
+
+
+def _check_k(k: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= 16:
+        raise ValueError(f"num_speculative_tokens must be an int in 1..16, got {k!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One engine: the baseline (`method="none"`), n-gram lookup or a draft model."""
+    name: str
+    method: str = "none"            # "none" | "ngram" | "draft"
+    k: int = 0                      # num_speculative_tokens
+    draft: str = ""                 # what the draft is ("6-layer truncation", "self", ...)
+    draft_path: str = ""            # the folder or hub id vLLM loads
+
+    @property
+    def flags(self) -> dict[str, Any]:
+        """The technique flags layered on the profile: nothing or `speculative_config`."""
+        if self.method == "none":
+            return {}
+        if self.method == "ngram":
+            return {"speculative_config": ngram_config(self.k, **NGRAM_LOOKUP)}
+        if self.method == "draft":
+            return {"speculative_config": draft_model_config(self.draft_path, self.k)}
+        raise ValueError(f"unknown method {self.method!r}")
+
+
+def baseline_arm() -> Arm:
+    return Arm("baseline")
+
+
+def ngram_arm(k: int) -> Arm:
+    _check_k(k)
+    return Arm(f"ngram k={k}", "ngram", int(k))
+
+
+def draft_arm(path: str, k: int, draft: str) -> Arm:
+    _check_k(k)
+    return Arm(f"draft {draft} k={k}", "draft", int(k), draft, str(path))
+
+
+def resolve_draft(profile: Profile, draft: str, draft_layers: int = 6) -> tuple[str, str]:
+    """(path or hub id, short description) of the draft model `draft` names.
+
+    - "auto": the profile's `draft` role if it has one, else (embedded model) "truncated".
+    - "truncated": the first `draft_layers` layers of the embedded model, built
+      once by `lab_utils.derived_models.truncated_model`.
+    - "self": the served model itself (acceptance upper bound, no speed-up possible).
+    - "profile": the profile's `draft` role (e.g. Qwen2.5-0.5B-Instruct on `gpu`).
+    - anything else: used as the path or hub id itself.
+    """
+    if draft == "auto":
+        if profile.models.get("draft"):
+            draft = "profile"
+        elif profile.model == "embedded":
+            draft = "truncated"
+        else:
+            raise ConfigError(f"profile {profile.name!r} names no draft model: add `draft = "
+                              "\"HUB_ID_OR_PATH\"` under [models] or pass draft='self'")
+    if draft == "profile":
+        path = profile.model_for("draft")
+        return path, Path(path).name if Path(path).exists() else path.split("/")[-1]
+    if draft == "self":
+        if profile.is_remote:
+            raise ConfigError("draft='self' needs the model path the server loads; the remote "
+                              "profile does not know it")
+        return profile.model_for(None), "self"
+    if draft == "truncated":
+        if profile.model != "embedded":
+            raise ConfigError(f"draft='truncated' cuts the embedded model; profile "
+                              f"{profile.name!r} serves {profile.model!r}: use 'profile' or a path")
+        from ..derived_models import truncated_model
+        return str(truncated_model(int(draft_layers))), f"{int(draft_layers)}L"
+    return draft, Path(draft).name or draft
+
+
+def plan_arms(profile: Profile, ngram_ks: Sequence[int], draft_models: Sequence[str],
+              draft_ks: Sequence[int], draft_layers: int = 6) -> list[Arm]:
+    """The baseline, one n-gram arm per k, one draft arm per (draft, k): one engine each."""
+    arms = [baseline_arm()] + [ngram_arm(int(k)) for k in ngram_ks]
+    for name in draft_models:
+        if name in ("", "none"):
+            continue
+        path, label = resolve_draft(profile, name, draft_layers)
+        arms += [draft_arm(path, int(k), label) for k in draft_ks]
+    return arms
+
+
+def arms_frame(arms: Sequence[Arm]) -> pd.DataFrame:
+    """The planned arms and the `--speculative-config` each adds (JSON)."""
+    import json
+    return pd.DataFrame([{"arm": a.name, "method": a.method, "k": a.k, "draft": a.draft,
+                          "speculative_config": json.dumps(a.flags.get("speculative_config"))
+                          if a.flags else "(none)"} for a in arms]).set_index("arm")
+
+
+def describe_draft(path: str) -> dict[str, Any]:
+    """What a local draft folder is: its layer count and, for a model built by
+    `lab_utils.derived_models`, the marker that says how it was derived."""
+    import json
+    folder = Path(path)
+    if not folder.is_dir():
+        return {"draft": path, "local": False}
+    info: dict[str, Any] = {"draft": str(folder), "local": True}
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        info.update(layers=config.get("num_hidden_layers"), hidden=config.get("hidden_size"),
+                    vocab=config.get("vocab_size"))
+    except (OSError, ValueError):
+        pass
+    marker = folder / "lab_derived.json"
+    if marker.is_file():
+        info.update({k: v for k, v in json.loads(marker.read_text()).items()
+                     if k in ("transform", "source_layers", "note")})
+    weights = folder / "model.safetensors"
+    if weights.is_file():
+        info["weights_mb"] = round(weights.stat().st_size / 1e6, 1)
+    return info
+
+
+def explore_methods(profile: Profile) -> list[str]:
+    """The Explore widget's method choices this profile can start."""
+    out = ["ngram", "none"]
+    if profile.models.get("draft"):
+        out.append("draft: profile")
+    if profile.model == "embedded":
+        out.append("draft: truncated")
+    if not profile.is_remote:
+        out.append("draft: self")
+    return out
+
+
+# --------------------------------------------------------------------------
+# Chunks and tokens (pure)
+# --------------------------------------------------------------------------
+
+def token_chunks(record: RequestRecord) -> list[tuple[float, int]]:
+    """(arrival since send in s, tokens it carried) for every streamed chunk
+    that carried output tokens, from the cumulative counts in `chunk_tokens`.
+
+    The chat API's first chunk (the assistant role) and the last one (the
+    finish reason) carry no token and are left out."""
+    out, prev = [], 0
+    for t, n in zip(record.chunk_times, record.chunk_tokens):
+        if n is not None and n > prev:
+            out.append((float(t), int(n - prev)))
+            prev = n
+    return out
+
+
+def chunk_frame(records: Iterable[RequestRecord], **columns: Any) -> pd.DataFrame:
+    """One row per token-carrying chunk after a request's first: `gap_ms` since
+    the previous token chunk (vLLM bench's ITL), `tokens` it carried and
+    `per_token_ms` = gap / tokens (the chunk's share of TPOT)."""
+    rows = []
+    for r in records:
+        if not r.ok:
+            continue
+        chunks = token_chunks(r)
+        for i in range(1, len(chunks)):
+            gap = (chunks[i][0] - chunks[i - 1][0]) * 1e3
+            rows.append({"label": r.label, "index": r.index, "chunk": i, "gap_ms": gap,
+                         "tokens": chunks[i][1], "per_token_ms": gap / chunks[i][1], **columns})
+    cols = ["label", "index", "chunk", "gap_ms", "tokens", "per_token_ms", *columns]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def token_gaps_ms(chunks: pd.DataFrame) -> np.ndarray:
+    """Per-token latencies: each chunk's gap split evenly over the tokens it
+    carried, one value per token (so its median is comparable with TPOT)."""
+    if chunks.empty:
+        return np.array([])
+    return np.repeat(chunks["per_token_ms"].to_numpy(float), chunks["tokens"].to_numpy(int))
+
+
+def per_position_counts(metrics_text: str) -> dict[int, float]:
+    """`vllm:spec_decode_num_accepted_tokens_per_pos_total` by draft position
+    (summed over engines) from /metrics exposition text."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out: dict[int, float] = {}
+    for fam in text_string_to_metric_families(metrics_text):
+        if fam.name != PER_POS_FAMILY:
+            continue
+        for s in fam.samples:
+            if s.name.endswith("_total") and "position" in s.labels:
+                pos = int(s.labels["position"])
+                out[pos] = out.get(pos, 0.0) + s.value
+    return out
+
+
+def per_position_rates(before: Mapping[int, float], after: Mapping[int, float],
+                       drafts: float | None) -> list[float]:
+    """Acceptance rate at each draft position: accepted at position i / drafts
+    (vLLM's per-position vector). Empty without drafts."""
+    if not drafts:
+        return []
+    return [(after[p] - before.get(p, 0.0)) / drafts for p in sorted(after)]
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Tokens one speculative step emits on average if every drafted token is
+    accepted independently with probability `alpha` (Leviathan et al., 2023):
+    (1 - alpha^(k+1)) / (1 - alpha); k+1 when alpha = 1."""
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    if alpha == 1:
+        return float(k + 1)
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def break_even_acceptance(step_cost_ratio: float, k: int) -> float:
+    """The per-token acceptance `alpha` at which a speculative step that costs
+    `step_cost_ratio` plain decode steps emits as many tokens as it costs
+    (speculation neither helps nor hurts). nan if even alpha=1 cannot pay it."""
+    if step_cost_ratio <= 1:
+        return 0.0
+    if step_cost_ratio > k + 1:
+        return math.nan
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if expected_tokens_per_step(mid, k) < step_cost_ratio:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+# --------------------------------------------------------------------------
+# Output identity (pure)
+# --------------------------------------------------------------------------
+
+def first_difference(a: str, b: str) -> int | None:
+    """Index of the first differing character, or None if the texts are equal."""
+    if a == b:
+        return None
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def text_diff(a: str, b: str, *, context: int = 40, a_name: str = "baseline",
+              b_name: str = "treated") -> str:
+    """A short readable diff: the common text just before the first difference,
+    then how each side continues (line-based unified diff of that window)."""
+    i = first_difference(a, b)
+    if i is None:
+        return ""
+    start = max(0, i - context)
+    wa, wb = a[start:i + 3 * context], b[start:i + 3 * context]
+    lines = difflib.unified_diff(wa.splitlines(), wb.splitlines(), a_name, b_name, lineterm="",
+                                 n=1)
+    return f"first difference at character {i}:\n" + "\n".join(lines)
+
+
+def output_identity(requests: pd.DataFrame, baseline: str = "baseline") -> pd.DataFrame:
+    """Per treated arm, workload, concurrency and prompt: whether its greedy
+    text equals the baseline's for the same prompt, where they first differ
+    and a short diff (`diff_text`, empty when identical)."""
+    cols = ["arm", "workload", "concurrency", "index", "identical", "first_difference",
+            "baseline_chars", "treated_chars", "diff_text"]
+    if requests.empty or baseline not in set(requests.arm):
+        return pd.DataFrame(columns=cols)
+    ok = requests[requests.ok.astype(bool)]
+    base = {(r.workload, r.concurrency, r["index"]): r.text
+            for _, r in ok[ok.arm == baseline].iterrows()}
+    rows = []
+    for _, r in ok[ok.arm != baseline].iterrows():
+        key = (r.workload, r.concurrency, r["index"])
+        if key not in base:
+            continue
+        ref = base[key]
+        rows.append({"arm": r.arm, "workload": r.workload, "concurrency": r.concurrency,
+                     "index": r["index"], "identical": r.text == ref,
+                     "first_difference": first_difference(ref, r.text),
+                     "baseline_chars": len(ref), "treated_chars": len(r.text),
+                     "diff_text": text_diff(ref, r.text, b_name=r.arm)})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def identity_summary(identity: pd.DataFrame) -> pd.DataFrame:
+    """Matching / compared prompts per arm, workload and concurrency."""
+    if identity.empty:
+        return pd.DataFrame(columns=["compared", "identical"])
+    g = identity.groupby(["arm", "workload", "concurrency"], sort=False)
+    return pd.DataFrame({"compared": g.size(), "identical": g.identical.sum().astype(int)})
+
+
+# --------------------------------------------------------------------------
+# Tables (pure)
+# --------------------------------------------------------------------------
+
+def run_row(run, arm: Arm, workload: str, concurrency: int, chunks: pd.DataFrame,
+            per_pos: Sequence[float] = (), host_load_1m: float = math.nan) -> dict[str, Any]:
+    """One row of the run table: latency stats, chunk/token ITL, the counters
+    and the host's load average when the run ended."""
+    s = run.summary()
+    c = run.counters or {}
+    gaps = token_gaps_ms(chunks)
+    row = {"arm": arm.name, "method": arm.method, "k": arm.k, "draft": arm.draft,
+           "workload": workload, "concurrency": concurrency, "requests": s["completed"],
+           "failed": s["failed"], "output_tokens": s["output_tokens"],
+           "duration_s": run.duration_s}
+    for m in ("ttft", "tpot", "e2e"):
+        for stat in ("median", "p90", "p99"):
+            row[f"{m}_ms_{stat}"] = s[f"{m}_ms_{stat}"]
+    for name, values in (("itl_chunk", chunks["gap_ms"].to_numpy(float) if len(chunks) else []),
+                         ("itl_token", gaps)):
+        arr = np.asarray(values, dtype=float)
+        for stat, q in (("median", 50), ("p90", 90), ("p99", 99)):
+            row[f"{name}_ms_{stat}"] = float(np.percentile(arr, q)) if arr.size else math.nan
+    row["tokens_per_chunk"] = float(chunks["tokens"].mean()) if len(chunks) else math.nan
+    row["output_throughput"] = s["output_throughput"]
+    row["drafts"] = c.get("spec_decode_drafts", 0.0)
+    row["draft_tokens"] = c.get("spec_decode_draft_tokens", 0.0)
+    row["accepted_tokens"] = c.get("spec_decode_accepted_tokens", 0.0)
+    row["acceptance_rate"] = c.get("spec_decode_acceptance_rate")
+    row["mean_accepted_length"] = c.get("spec_decode_mean_accepted_length")
+    row["generation_tokens"] = c.get("generation_tokens", math.nan)
+    row["per_position_acceptance"] = [round(float(v), 4) for v in per_pos]
+    row["host_load_1m"] = host_load_1m
+    return row
+
+
+def compare_to_baseline(runs: pd.DataFrame, baseline: str = "baseline") -> pd.DataFrame:
+    """Per arm, workload and concurrency: median TPOT against the baseline's,
+    and its decomposition speed-up = tokens per step / step cost, where tokens
+    per step is the mean tokens per streamed chunk and the step cost is the
+    arm's median chunk gap over the baseline's (one chunk = one engine step
+    for a request that runs alone)."""
+    cols = ["tpot_baseline_ms", "tpot_ms", "tpot_change_pct", "tokens_per_chunk",
+            "step_cost_ratio", "speedup", "acceptance_rate", "mean_accepted_length"]
+    if runs.empty or baseline not in set(runs.arm):
+        return pd.DataFrame(columns=cols)
+    base = runs[runs.arm == baseline].set_index(["workload", "concurrency"])
+    rows = []
+    for _, r in runs.iterrows():
+        key = (r.workload, r.concurrency)
+        if key not in base.index:
+            continue
+        b = base.loc[key]
+        step_cost = r.itl_chunk_ms_median / b.itl_chunk_ms_median \
+            if b.itl_chunk_ms_median else math.nan
+        rows.append({"arm": r.arm, "workload": r.workload, "concurrency": r.concurrency,
+                     "tpot_baseline_ms": b.tpot_ms_median, "tpot_ms": r.tpot_ms_median,
+                     "tpot_change_pct": (r.tpot_ms_median - b.tpot_ms_median)
+                     / b.tpot_ms_median * 100 if b.tpot_ms_median else math.nan,
+                     "tokens_per_chunk": r.tokens_per_chunk, "step_cost_ratio": step_cost,
+                     "speedup": b.tpot_ms_median / r.tpot_ms_median if r.tpot_ms_median
+                     else math.nan,
+                     "acceptance_rate": r.acceptance_rate,
+                     "mean_accepted_length": r.mean_accepted_length})
+    return pd.DataFrame(rows).set_index(["arm", "workload", "concurrency"])[cols]
+
+
+def speculation_economics(runs: pd.DataFrame, baseline: str = "baseline") -> pd.DataFrame:
+    """Per speculative run: tokens per step, step cost (both relative to the
+    baseline's plain decode step), the resulting speed-up, and the per-token
+    acceptance `alpha` at which a step of that cost would break even."""
+    comp = compare_to_baseline(runs, baseline)
+    if comp.empty:
+        return comp
+    k = runs.set_index(["arm", "workload", "concurrency"])["k"]
+    comp = comp[comp.index.get_level_values("arm") != baseline].copy()
+    comp.insert(0, "k", [int(k.loc[i]) for i in comp.index])
+    comp["break_even_acceptance"] = [
+        break_even_acceptance(c, kk) if np.isfinite(c) else math.nan
+        for c, kk in zip(comp.step_cost_ratio, comp.k)]
+    return comp[["k", "acceptance_rate", "mean_accepted_length", "tokens_per_chunk",
+                 "step_cost_ratio", "speedup", "break_even_acceptance", "tpot_change_pct"]]
+
+
+def tpot_samples(requests: pd.DataFrame | None, arm: str | None, workload: str,
+                 concurrency: int) -> list[float]:
+    """Per-request TPOT (ms) of one run, for bootstrap intervals."""
+    if requests is None or arm is None or requests.empty:
+        return []
+    sel = requests[(requests.arm == arm) & (requests.workload == workload)
+                   & (requests.concurrency == concurrency) & requests.ok.astype(bool)]
+    return [float(v) for v in sel.tpot_ms.dropna()]
+
+
+#: Which finding answers the article's table row, and how it differs from the article.
+CHECKLIST_ROW = "speculative decoding:tpot"
+
+
+def findings(runs: pd.DataFrame, identity: pd.DataFrame, *, high_concurrency: int,
+             article_claim: str, requests: pd.DataFrame | None = None) -> list[dict[str, Any]]:
+    """The notebook's findings as `Results.add_finding` keyword arguments: TPOT
+    median baseline -> first n-gram arm (code edits, chat, high load), the
+    n-gram acceptance rate (chat -> code edits), the first draft arm's TPOT,
+    and greedy output identity. Runs that were not measured are left out.
+
+    With `requests` (per-request rows) each TPOT finding carries its samples
+    for a bootstrap interval. The n-gram code-edit finding answers the
+    article's table row (`checklist`), with a `reason` naming its scope."""
+    arms = list(dict.fromkeys(runs.arm)) if len(runs) else []
+    method = dict(zip(runs.arm, runs.method)) if len(runs) else {}
+    ngram = next((a for a in arms if method[a] == "ngram"), None)
+    draft = next((a for a in arms if method[a] == "draft"), None)
+    out: list[dict[str, Any]] = []
+
+    def evidence(arm: str, workload: str, conc: int) -> str:
+        g = lambda col: pick(runs, arm, workload, conc, col)  # noqa: E731
+        acc, mal = g("acceptance_rate"), g("mean_accepted_length")
+        if not np.isfinite(g("draft_tokens")) or not g("draft_tokens"):
+            return f"{arm}: no drafts proposed in this run (vllm:spec_decode_num_drafts = 0)"
+        return (f"{arm}: vllm:spec_decode accepted {g('accepted_tokens'):.0f} of "
+                f"{g('draft_tokens'):.0f} draft tokens ({acc:.0%}) in {g('drafts'):.0f} drafts, "
+                f"mean accepted length {mal:.2f} tokens/step; "
+                f"{g('tokens_per_chunk'):.2f} tokens per streamed chunk")
+
+    def tpot(technique: str, arm: str | None, workload: str, conc: int, what: str) -> None:
+        base, treated = pick(runs, "baseline", workload, conc), pick(runs, arm, workload, conc)
+        if arm is None or not (np.isfinite(base) and np.isfinite(treated)):
+            return
+        f = {"technique": technique, "metric": f"TPOT median (ms), {what}, baseline -> {arm}",
+             "baseline": base, "treated": treated, "article_claim": article_claim,
+             "mechanism": evidence(arm, workload, conc)}
+        samples = (tpot_samples(requests, "baseline", workload, conc),
+                   tpot_samples(requests, arm, workload, conc))
+        if min(len(samples[0]), len(samples[1])) >= 2:
+            f["samples"] = samples
+        if arm == ngram and workload == "code_edit" and conc == 1:
+            f["checklist"] = CHECKLIST_ROW
+            f["reason"] = ("n-gram prompt lookup on code edits whose answers copy the prompt "
+                           "(its best case); the article's draft model has no trained small "
+                           "draft here (see the draft-model findings); CPU, 135M model")
+        out.append(f)
+
+    tpot("speculative decoding: n-gram, code edits", ngram, "code_edit", 1,
+         "code edits, 1 at a time")
+    tpot("speculative decoding: n-gram, chat", ngram, "chat", 1, "chat, 1 at a time")
+    if high_concurrency > 1:
+        tpot("speculative decoding: n-gram under load", ngram, "code_edit", high_concurrency,
+             f"code edits, {high_concurrency} in flight")
+    acc_chat = pick(runs, ngram, "chat", 1, "acceptance_rate")
+    acc_code = pick(runs, ngram, "code_edit", 1, "acceptance_rate")
+    if ngram is not None and np.isfinite(acc_code):
+        row = runs[(runs.arm == ngram) & (runs.workload == "code_edit") & (runs.concurrency == 1)]
+        out.append({"technique": "speculative decoding: n-gram acceptance",
+                    "metric": f"acceptance rate of drafted tokens (%), chat -> code edits, {ngram}",
+                    "baseline": acc_chat * 100 if np.isfinite(acc_chat) else math.nan,
+                    "treated": acc_code * 100, "article_claim": article_claim,
+                    "mechanism": evidence(ngram, "code_edit", 1) + "; per draft position: "
+                    + ", ".join(f"{v:.0%}" for v in row.per_position_acceptance.iloc[0])})
+    tpot("speculative decoding: draft model", draft, "code_edit", 1, "code edits, 1 at a time")
+    tpot("speculative decoding: draft model, chat", draft, "chat", 1, "chat, 1 at a time")
+    if len(identity):
+        per_arm = identity.groupby("arm", sort=False).identical.agg(["sum", "size"])
+        out.append({"technique": "speculative decoding: output identity",
+                    "metric": "greedy outputs identical to the baseline (prompts), "
+                              "compared -> identical",
+                    "baseline": float(len(identity)), "treated": float(identity.identical.sum()),
+                    "article_claim": "(implied) speculation does not change the output",
+                    "mechanism": "temperature 0, same prompts, text compared per prompt: "
+                                 + "; ".join(f"{a}: {int(r['sum'])}/{int(r['size'])}"
+                                             for a, r in per_arm.iterrows())})
+    return out
+
+
+def pick(runs: pd.DataFrame, arm: str | None, workload: str, concurrency: int,
+         column: str = "tpot_ms_median") -> float:
+    """One value of the run table, nan when that run was not measured."""
+    if arm is None or runs.empty:
+        return math.nan
+    sel = runs[(runs.arm == arm) & (runs.workload == workload) & (runs.concurrency == concurrency)]
+    if sel.empty or sel[column].iloc[0] is None:
+        return math.nan
+    return float(sel[column].iloc[0])
+
+
+# --------------------------------------------------------------------------
+# Measuring (needs a server)
+# --------------------------------------------------------------------------
+
+def workload_specs(workload: str, n: int, max_tokens: int) -> list[RequestSpec]:
+    """`n` greedy (temperature 0) chat requests of one workload: `code_edit`
+    (rewrite the given code: the answer repeats its input) or `chat`."""
+    if workload == "code_edit":
+        return code_edit_specs(n, max_tokens=max_tokens, temperature=0.0)
+    if workload == "chat":
+        return chat_specs(n, max_tokens=max_tokens, temperature=0.0)
+    raise ValueError(f"unknown workload {workload!r}; choose from {WORKLOADS}")
+
+
+def _per_pos(engine) -> dict[int, float]:
+    try:
+        return per_position_counts(scrape_text(engine.base_url, engine.api_key))
+    except (OSError, RuntimeError, ValueError):  # no /metrics (a proxy), a parse error
+        return {}
+
+
+def measure_workload(engine, arm: Arm, workload: str, concurrency: int, n: int,
+                     max_tokens: int, *, results: Results | None = None,
+                     progress: bool = True, label: str | None = None) -> dict[str, Any]:
+    """One run: `n` requests of `workload` with `concurrency` in flight.
+    Returns {"row": run-table row, "requests": frame, "chunks": frame, "records": list}."""
+    specs = workload_specs(workload, n, max_tokens)
+    load = Load.sequential() if concurrency <= 1 else Load.concurrent(int(concurrency))
+    label = label or f"{arm.name}/{workload}/c{concurrency}"
+    before = _per_pos(engine)
+    run = measure(engine, specs, load, label=label, results=results, progress=progress,
+                  arm=arm.name, method=arm.method, num_speculative_tokens=arm.k,
+                  draft=arm.draft, workload=workload, concurrency=concurrency,
+                  host_load_1m_before=host_load())
+    per_pos = per_position_rates(before, _per_pos(engine), (run.counters or {}).get(
+        "spec_decode_drafts"))
+    cols = {"arm": arm.name, "method": arm.method, "k": arm.k, "workload": workload,
+            "concurrency": int(concurrency)}
+    chunks = chunk_frame(run.records, **cols)
+    frame = run.frame().assign(**cols, text=[r.text for r in run.records],
+                               chunks=[len(token_chunks(r)) for r in run.records])
+    return {"row": run_row(run, arm, workload, int(concurrency), chunks, per_pos, host_load()),
+            "requests": frame, "chunks": chunks, "records": run.records}
+
+
+def load_warning(runs: pd.DataFrame, cores: int | None = None, factor: float = 2.0) -> str:
+    """A warning naming the runs that ended with the host's load average above
+    `factor` x cores (other processes competing for the CPU), or "" if none did."""
+    cores = cores or os.cpu_count() or 1
+    if runs.empty or "host_load_1m" not in runs:
+        return ""
+    busy = runs[runs.host_load_1m > factor * cores]
+    if busy.empty:
+        return ""
+    names = ", ".join(f"{r.arm}/{r.workload}/c{r.concurrency} ({r.host_load_1m:.1f})"
+                      for r in busy.itertuples())
+    return (f"host load average above {factor * cores:g} on {cores} cores during {len(busy)} of "
+            f"{len(runs)} runs: {names}. Their timings include other processes' work; the "
+            "counters (acceptance, drafts) do not depend on it.")
+
+
+def host_load() -> float:
+    """The machine's 1-minute load average (nan where unknown): on a shared
+    2-core host, other processes' load shows up as slower engine steps."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return math.nan
+
+
+def measure_arm(engine, arm: Arm, *, workloads: Sequence[str] = WORKLOADS, requests: int = 3,
+                max_tokens: int = 48, high_concurrency: int = 8,
+                high_load_workload: str = "code_edit", results: Results | None = None,
+                progress: bool = True) -> list[dict[str, Any]]:
+    """Everything one engine measures: each workload one request at a time,
+    then `high_load_workload` with `high_concurrency` requests in flight
+    (skipped when high_concurrency <= 1)."""
+    plan = [(w, 1, requests) for w in workloads]
+    if high_concurrency > 1:
+        plan.append((high_load_workload, high_concurrency, high_concurrency))
+    return [measure_workload(engine, arm, w, c, n, max_tokens, results=results,
+                             progress=progress) for w, c, n in plan]
+
+
+def combine(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Concatenate `measure_workload` results: {"runs", "requests", "chunks", "records"}."""
+    if not parts:
+        return {"runs": pd.DataFrame(columns=["arm", "workload", "concurrency", *RUN_COLUMNS]),
+                "requests": pd.DataFrame(columns=["arm", "workload", "concurrency", "index",
+                                                  "ok", "text"]),
+                "chunks": pd.DataFrame(columns=["arm", "workload", "concurrency", "gap_ms",
+                                                "tokens", "per_token_ms"]),
+                "records": []}
+    return {"runs": pd.DataFrame([p["row"] for p in parts]),
+            "requests": pd.concat([p["requests"] for p in parts], ignore_index=True),
+            "chunks": pd.concat([p["chunks"] for p in parts], ignore_index=True),
+            "records": [r for p in parts for r in p["records"]]}
+
+
+def run_arms(ctx, arms: Sequence[Arm], *, workloads: Sequence[str] = WORKLOADS,
+             requests: int = 3, max_tokens: int = 48, high_concurrency: int = 8,
+             high_load_workload: str = "code_edit", progress: bool = True) -> dict[str, Any]:
+    """Every arm in turn (one engine start each), all runs on one engine before
+    the next. An arm the target cannot serve is skipped and noted."""
+    parts: list[dict[str, Any]] = []
+    for arm in arms:
+        try:
+            engine = ctx.engine(**arm.flags)
+        except ArmUnavailable as exc:
+            ctx.results.note(f"arm {arm.name!r} skipped: {exc}")
+            print(f"arm {arm.name!r} skipped: {exc}")
+            continue
+        parts += measure_arm(engine, arm, workloads=workloads, requests=requests,
+                             max_tokens=max_tokens, high_concurrency=high_concurrency,
+                             high_load_workload=high_load_workload, results=ctx.results,
+                             progress=progress)
+    return combine(parts)
+
+
+_explore_runs = itertools.count(1)
+
+
+def explore_arm(ctx, method: str, k: int, workload: str, concurrency: int, *,
+                requests: int = 3, max_tokens: int = 48, draft_layers: int = 6,
+                measured: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Explore: one arm (method "none", "ngram", "draft: truncated", "draft: self"
+    or "draft: profile") on one workload and concurrency. Rows of `measured`
+    (the notebook's run table) for the same workload and concurrency are
+    shown beside it for comparison."""
+    if method == "none":
+        arm = baseline_arm()
+    elif method == "ngram":
+        arm = ngram_arm(int(k))
+    elif method.startswith("draft"):
+        which = method.split(":", 1)[1].strip() if ":" in method else "auto"
+        try:
+            path, label = resolve_draft(ctx.profile, which, draft_layers)
+        except ConfigError as exc:
+            print(f"no draft model: {exc}")
+            return pd.DataFrame()
+        arm = draft_arm(path, int(k), label)
+    else:
+        raise ValueError(f"unknown method {method!r}")
+    try:
+        engine = ctx.engine(**arm.flags)
+    except ArmUnavailable as exc:
+        print(f"arm {arm.name!r} unavailable: {exc}")
+        return pd.DataFrame()
+    n = int(concurrency) if concurrency > 1 else int(requests)
+    part = measure_workload(engine, arm, workload, int(concurrency), n, int(max_tokens),
+                            label=f"explore{next(_explore_runs)}/{arm.name}/{workload}/"
+                                  f"c{concurrency}")
+    new = pd.DataFrame([part["row"]]).assign(source="explore")
+    if measured is not None and len(measured):
+        old = measured[(measured.workload == workload) & (measured.concurrency == concurrency)]
+        new = pd.concat([old.assign(source="notebook run"), new], ignore_index=True)
+    return new.set_index(["source", "arm"])[["workload", "concurrency", *RUN_COLUMNS]]
+
+
+# --------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------
+
+def _pyplot():
+    """matplotlib's pyplot and seaborn, with the lab's theme (`lab_utils.plots`) applied."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from .. import plots  # noqa: F401  (importing it sets the seaborn theme)
+    return plt, sns
+
+
+def plot_tpot(requests: pd.DataFrame, title: str = "TPOT per request, by workload and load"):
+    """Box + points of per-request TPOT (log scale), one panel per (workload, concurrency)."""
+    plt, sns = _pyplot()
+    data = requests[requests.ok.astype(bool)].dropna(subset=["tpot_ms"])
+    if data.empty:
+        print("no requests to draw")
+        return None
+    panels = list(data[["workload", "concurrency"]].drop_duplicates().itertuples(index=False))
+    arms = list(dict.fromkeys(data.arm))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False,
+                             sharey=True)
+    for ax, (w, c) in zip(axes[0], panels):
+        d = data[(data.workload == w) & (data.concurrency == c)]
+        sns.boxplot(data=d, x="arm", y="tpot_ms", hue="arm", order=arms, hue_order=arms, ax=ax,
+                    showfliers=False, legend=False)
+        sns.stripplot(data=d, x="arm", y="tpot_ms", order=arms, color="black", size=4,
+                      alpha=0.6, ax=ax)
+        ax.set_title(f"{w}, concurrency {c}")
+        ax.set_xlabel("arm")
+        ax.set_ylabel("TPOT (ms per output token, log scale)")
+        ax.set_yscale("log")
+        ax.tick_params(axis="x", rotation=25)
+    from matplotlib.patches import Patch
+    palette = sns.color_palette(n_colors=len(arms))
+    fig.legend(handles=[Patch(color=palette[i], label=a) for i, a in enumerate(arms)],
+               loc="upper right", fontsize="small", title="arm")
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0, 0.88, 1))
+    return fig
+
+
+def plot_chunk_vs_token(chunks: pd.DataFrame, workload: str = "code_edit", concurrency: int = 1,
+                        title: str | None = None):
+    """ECDFs of the gap between streamed chunks (ITL, per chunk) and of the
+    per-token latency (gap / tokens in the chunk), per arm."""
+    plt, sns = _pyplot()
+    d = chunks[(chunks.workload == workload) & (chunks.concurrency == concurrency)]
+    if d.empty:
+        print(f"no chunks for {workload} at concurrency {concurrency}")
+        return None
+    tokens = pd.DataFrame({"arm": np.repeat(d.arm.to_numpy(), d.tokens.to_numpy(int)),
+                           "ms": token_gaps_ms(d)})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
+    sns.ecdfplot(data=d, x="gap_ms", hue="arm", ax=axes[0])
+    axes[0].set_title("ITL: gap between streamed chunks")
+    sns.ecdfplot(data=tokens, x="ms", hue="arm", ax=axes[1])
+    axes[1].set_title("per token: chunk gap / tokens in the chunk")
+    for ax in axes:
+        ax.set_xlabel("milliseconds (log scale)")
+        ax.set_ylabel("fraction of chunks" if ax is axes[0] else "fraction of tokens")
+        ax.set_xscale("log")
+    fig.suptitle(title or f"One chunk, several tokens ({workload}, concurrency {concurrency})")
+    fig.tight_layout()
+    return fig
+
+
+def plot_acceptance(runs: pd.DataFrame, title: str = "Acceptance by draft position"):
+    """Per speculative arm and run: the fraction of drafts whose i-th proposed
+    token was accepted (vLLM's per-position counters)."""
+    plt, sns = _pyplot()
+    rows = [{"run": f"{r.arm}\n{r.workload}, c={r.concurrency}", "position": i + 1, "rate": v}
+            for _, r in runs.iterrows() for i, v in enumerate(r.per_position_acceptance or [])]
+    if not rows:
+        print("no speculative runs with drafts to draw")
+        return None
+    fig, ax = plt.subplots(figsize=(10, 4))
+    sns.barplot(data=pd.DataFrame(rows), x="position", y="rate", hue="run", ax=ax)
+    ax.set_xlabel("position in the draft (1 = first proposed token)")
+    ax.set_ylabel("accepted / drafts")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize="x-small", title="arm and run", loc="upper left",
+              bbox_to_anchor=(1.01, 1))
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+__all__ = [
+    "NGRAM_LOOKUP",
+    "RUN_COLUMNS",
+    "WORKLOADS",
+    "Arm",
+    "baseline_arm",
+    "break_even_acceptance",
+    "chunk_frame",
+    "combine",
+    "compare_to_baseline",
+    "draft_arm",
+    "draft_model_config",
+    "expected_tokens_per_step",
+    "explore_arm",
+    "first_difference",
+    "identity_summary",
+    "measure_arm",
+    "measure_workload",
+    "ngram_arm",
+    "ngram_config",
+    "output_identity",
+    "per_position_counts",
+    "per_position_rates",
+    "pick",
+    "plan_arms",
+    "plot_acceptance",
+    "plot_chunk_vs_token",
+    "plot_tpot",
+    "resolve_draft",
+    "run_arms",
+    "run_row",
+    "text_diff",
+    "token_chunks",
+    "token_gaps_ms",
+    "workload_specs",
+]

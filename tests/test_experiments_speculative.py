@@ -1,0 +1,442 @@
+"""Pure logic of the speculative-decoding experiments: the arms' engine flags,
+chunk/token accounting, the per-position counters, the acceptance model and
+the greedy output-identity check (no server needed)."""
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lab_utils import derived_models
+from lab_utils.client import RequestRecord
+from lab_utils.experiments import speculative as sd
+from lab_utils.profiles import ConfigError, check_known_options, engine_argv, load_profile
+
+
+@pytest.fixture
+def cpu():
+    return load_profile("cpu")
+
+
+@pytest.fixture
+def gpu():
+    return load_profile("gpu")
+
+
+# --------------------------------------------------------------------------
+# Arms and flags
+# --------------------------------------------------------------------------
+
+def test_ngram_config_matches_the_issue():
+    assert sd.ngram_config(4) == {"method": "ngram", "num_speculative_tokens": 4,
+                                  "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+@pytest.mark.parametrize("k", [0, -1, 17, 2.0, True, "4"])
+def test_bad_k_is_refused(k):
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        sd.ngram_config(k)
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        sd.draft_model_config("/m", k)
+
+
+def test_bad_lookup_window_is_refused():
+    with pytest.raises(ValueError, match="prompt_lookup_min"):
+        sd.ngram_config(4, prompt_lookup_max=2, prompt_lookup_min=3)
+
+
+def test_draft_config_needs_a_model():
+    assert sd.draft_model_config("/d", 2) == {"model": "/d", "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="path or hub id"):
+        sd.draft_model_config("", 2)
+
+
+def test_arms_differ_from_the_baseline_in_one_flag():
+    assert sd.baseline_arm().flags == {}
+    for arm in (sd.ngram_arm(3), sd.draft_arm("/d", 2, "6L")):
+        assert list(arm.flags) == ["speculative_config"]
+    assert sd.ngram_arm(3).name == "ngram k=3"
+    assert sd.draft_arm("/d", 2, "6L").name == "draft 6L k=2"
+    with pytest.raises(ValueError, match="unknown method"):
+        _ = sd.Arm("x", "medusa", 2).flags
+
+
+def test_plan_arms_on_cpu_builds_the_truncated_draft(cpu, monkeypatch, tmp_path):
+    built = []
+    monkeypatch.setattr(derived_models, "truncated_model",
+                        lambda n: built.append(n) or tmp_path / f"m-{n}L")
+    arms = sd.plan_arms(cpu, [2, 4], ["truncated"], [1, 2], draft_layers=5)
+    assert [a.name for a in arms] == ["baseline", "ngram k=2", "ngram k=4", "draft 5L k=1",
+                                      "draft 5L k=2"]
+    assert built == [5]
+    assert arms[-1].flags == {"speculative_config": {"model": str(tmp_path / "m-5L"),
+                                                     "num_speculative_tokens": 2}}
+    assert [a.name for a in sd.plan_arms(cpu, [4], [], [2])] == ["baseline", "ngram k=4"]
+    assert [a.name for a in sd.plan_arms(cpu, [], ["none"], [2])] == ["baseline"]
+
+
+def test_resolve_draft(cpu, gpu, monkeypatch, tmp_path):
+    monkeypatch.setattr(derived_models, "truncated_model", lambda n: tmp_path / f"x-{n}L")
+    assert sd.resolve_draft(gpu, "auto") == ("Qwen/Qwen2.5-0.5B-Instruct",
+                                             "Qwen2.5-0.5B-Instruct")
+    assert sd.resolve_draft(gpu, "profile")[0] == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert sd.resolve_draft(gpu, "self") == ("Qwen/Qwen2.5-7B-Instruct", "self")
+    if not cpu.models.get("draft"):  # until the profile names a draft role
+        assert sd.resolve_draft(cpu, "auto", 3) == (str(tmp_path / "x-3L"), "3L")
+    assert sd.resolve_draft(cpu, "truncated", 4) == (str(tmp_path / "x-4L"), "4L")
+    assert sd.resolve_draft(cpu, "/some/where/mydraft") == ("/some/where/mydraft", "mydraft")
+    with pytest.raises(ConfigError, match="cuts the embedded model"):
+        sd.resolve_draft(gpu, "truncated")
+
+
+def test_resolve_draft_on_remote_needs_a_named_model():
+    remote = load_profile("remote", base_url="http://127.0.0.1:1")
+    with pytest.raises(ConfigError):
+        sd.resolve_draft(remote, "self")
+    with pytest.raises(ConfigError, match="names no draft"):
+        sd.resolve_draft(remote, "auto")
+
+
+def test_arm_flags_are_known_to_the_installed_vllm(cpu):
+    check_known_options(sd.ngram_arm(4).flags)
+    check_known_options(sd.draft_arm("/d", 2, "x").flags)
+    argv = engine_argv(cpu, sd.ngram_arm(4).flags, port=8000, model="/m")
+    i = argv.index("--speculative-config")
+    assert json.loads(argv[i + 1]) == sd.ngram_config(4)
+
+
+def test_arms_frame_and_explore_methods(cpu, gpu):
+    frame = sd.arms_frame([sd.baseline_arm(), sd.ngram_arm(4)])
+    assert frame.loc["baseline", "speculative_config"] == "(none)"
+    assert json.loads(frame.loc["ngram k=4", "speculative_config"])["method"] == "ngram"
+    assert "draft: truncated" in sd.explore_methods(cpu)
+    assert "draft: profile" in sd.explore_methods(gpu)
+    assert "draft: truncated" not in sd.explore_methods(gpu)
+    remote = load_profile("remote", base_url="http://127.0.0.1:1")
+    assert sd.explore_methods(remote) == ["ngram", "none"]
+
+
+def test_describe_draft(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 6,
+                                                      "hidden_size": 8, "vocab_size": 10}))
+    (tmp_path / "lab_derived.json").write_text(json.dumps({"transform": "cut", "x": 1}))
+    info = sd.describe_draft(str(tmp_path))
+    assert info["layers"] == 6 and info["transform"] == "cut" and "x" not in info
+    assert sd.describe_draft("Qwen/Qwen2.5-0.5B-Instruct") == {
+        "draft": "Qwen/Qwen2.5-0.5B-Instruct", "local": False}
+
+
+def test_workload_specs_are_greedy():
+    code = sd.workload_specs("code_edit", 3, 40)
+    chat = sd.workload_specs("chat", 2, 40)
+    assert len(code) == 3 and len(chat) == 2
+    assert all(s.temperature == 0.0 and s.max_tokens == 40 and not s.ignore_eos
+               for s in code + chat)
+    assert {s.tag for s in code} == {"code_edit"} and {s.tag for s in chat} == {"chat"}
+    with pytest.raises(ValueError, match="unknown workload"):
+        sd.workload_specs("poems", 1, 8)
+
+
+# --------------------------------------------------------------------------
+# Chunks and tokens
+# --------------------------------------------------------------------------
+
+def rec(times, tokens, index=0, label="a", ok=True):
+    return RequestRecord(index=index, tag="t", label=label, chunk_times=list(times),
+                         chunk_tokens=list(tokens), ok=ok)
+
+
+def test_token_chunks_skip_the_role_and_finish_chunks():
+    r = rec([0.10, 0.10, 0.20, 0.30, 0.30], [0, 1, 5, 6, 6])
+    assert sd.token_chunks(r) == [(0.10, 1), (0.20, 4), (0.30, 1)]
+
+
+def test_chunk_frame_gaps_and_per_token_share():
+    r = rec([0.1, 0.1, 0.2, 0.4], [0, 1, 5, 6])
+    f = sd.chunk_frame([r, rec([0.1], [1], ok=False)], arm="x")
+    assert list(f.tokens) == [4, 1]
+    assert f.gap_ms.round(6).tolist() == [100.0, 200.0]
+    assert f.per_token_ms.round(6).tolist() == [25.0, 200.0]
+    assert set(f.arm) == {"x"}
+    assert sd.token_gaps_ms(f).round(6).tolist() == [25.0] * 4 + [200.0]
+    assert sd.chunk_frame([]).empty and sd.token_gaps_ms(sd.chunk_frame([])).size == 0
+
+
+def test_per_token_gaps_average_to_tpot():
+    # TPOT = (E2E - TTFT) / (n - 1): the mean per-token gap over the chunks
+    # after the first token equals it when the first chunk carries one token.
+    r = rec([0.5, 0.6, 0.9, 1.0], [1, 4, 5, 9])
+    r.ttft, r.e2e, r.output_tokens = 0.5, 1.0, 9
+    gaps = sd.token_gaps_ms(sd.chunk_frame([r]))
+    assert gaps.mean() == pytest.approx(r.tpot * 1e3)
+
+
+EXPOSITION = """\
+# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 9.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 7.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="1"} 1.0
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+"""
+
+
+def test_per_position_counts_and_rates():
+    after = sd.per_position_counts(EXPOSITION)
+    assert after == {0: 9.0, 1: 8.0}
+    assert sd.per_position_counts("") == {}
+    assert sd.per_position_rates({0: 1.0, 1: 0.0}, after, 10) == [0.8, 0.8]
+    assert sd.per_position_rates({}, after, 0) == []
+    assert sd.per_position_rates({}, after, None) == []
+
+
+# --------------------------------------------------------------------------
+# The acceptance model
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("alpha, k, tokens", [(0.0, 4, 1.0), (1.0, 4, 5.0), (0.5, 1, 1.5),
+                                              (0.5, 2, 1.75)])
+def test_expected_tokens_per_step(alpha, k, tokens):
+    assert sd.expected_tokens_per_step(alpha, k) == pytest.approx(tokens)
+
+
+def test_expected_tokens_rejects_bad_alpha():
+    with pytest.raises(ValueError):
+        sd.expected_tokens_per_step(1.5, 2)
+
+
+@pytest.mark.parametrize("cost, k", [(1.3, 1), (1.7, 2), (2.5, 4), (4.9, 4)])
+def test_break_even_acceptance_pays_the_step_cost(cost, k):
+    alpha = sd.break_even_acceptance(cost, k)
+    assert 0 < alpha < 1
+    assert sd.expected_tokens_per_step(alpha, k) == pytest.approx(cost, rel=1e-6)
+
+
+def test_break_even_edges():
+    assert sd.break_even_acceptance(0.9, 2) == 0.0
+    assert math.isnan(sd.break_even_acceptance(3.5, 2))  # more than k+1 steps' worth
+
+
+# --------------------------------------------------------------------------
+# Output identity
+# --------------------------------------------------------------------------
+
+def test_first_difference_and_diff():
+    assert sd.first_difference("abc", "abc") is None
+    assert sd.first_difference("abc", "abd") == 2
+    assert sd.first_difference("ab", "abc") == 2
+    assert sd.text_diff("same", "same") == ""
+    d = sd.text_diff("x = 1\ny = 2\n", "x = 1\ny = 3\n", b_name="ngram")
+    assert d.startswith("first difference at character 10")
+    assert "-y = 2" in d and "+y = 3" in d and "+++ ngram" in d
+
+
+def requests_frame(rows):
+    return pd.DataFrame([{"ok": True, **r} for r in rows])
+
+
+def test_output_identity_matches_prompts_by_workload_load_and_index():
+    frame = requests_frame([
+        {"arm": "baseline", "workload": "chat", "concurrency": 1, "index": 0, "text": "hi there"},
+        {"arm": "baseline", "workload": "chat", "concurrency": 1, "index": 1, "text": "abc"},
+        {"arm": "baseline", "workload": "code_edit", "concurrency": 1, "index": 0, "text": "x"},
+        {"arm": "ngram k=4", "workload": "chat", "concurrency": 1, "index": 0, "text": "hi there"},
+        {"arm": "ngram k=4", "workload": "chat", "concurrency": 1, "index": 1, "text": "abd"},
+        {"arm": "ngram k=4", "workload": "code_edit", "concurrency": 8, "index": 0, "text": "x"},
+    ])
+    ident = sd.output_identity(frame)
+    assert list(ident.identical) == [True, False]  # the c=8 row has no baseline to match
+    assert ident.first_difference.tolist()[1] == 2
+    assert ident.diff_text.tolist()[0] == "" and "first difference" in ident.diff_text.tolist()[1]
+    summary = sd.identity_summary(ident)
+    assert summary.loc[("ngram k=4", "chat", 1)].tolist() == [2, 1]
+
+
+def test_output_identity_without_baseline_is_empty():
+    frame = requests_frame([{"arm": "ngram", "workload": "chat", "concurrency": 1, "index": 0,
+                             "text": "a"}])
+    assert sd.output_identity(frame).empty
+    assert sd.identity_summary(sd.output_identity(frame)).empty
+
+
+# --------------------------------------------------------------------------
+# Run rows and the comparison table
+# --------------------------------------------------------------------------
+
+def fake_run(tpot_s, chunk_gap_s, chunk_tokens, n=3, counters=None):
+    records = []
+    for i in range(n):
+        times, tokens, t, total = [0.1], [1], 0.1, 1
+        for _ in range(4):
+            t += chunk_gap_s
+            total += chunk_tokens
+            times.append(t)
+            tokens.append(total)
+        r = rec(times, tokens, index=i)
+        r.ttft, r.output_tokens = 0.1, total
+        r.e2e = 0.1 + tpot_s * (total - 1)
+        records.append(r)
+    from lab_utils.client import Run
+    return Run("x", "sequential x1", records, 1.0, counters or {})
+
+
+def test_run_row_and_compare_to_baseline():
+    base_run = fake_run(0.040, 0.040, 1)
+    spec_run = fake_run(0.012, 0.048, 4, counters={
+        "spec_decode_drafts": 12.0, "spec_decode_draft_tokens": 48.0,
+        "spec_decode_accepted_tokens": 36.0, "spec_decode_acceptance_rate": 0.75,
+        "spec_decode_mean_accepted_length": 4.0})
+    rows = []
+    for arm, run in ((sd.baseline_arm(), base_run), (sd.ngram_arm(4), spec_run)):
+        chunks = sd.chunk_frame(run.records, arm=arm.name)
+        rows.append(sd.run_row(run, arm, "code_edit", 1, chunks, [0.9, 0.8, 0.7, 0.6]))
+    runs = pd.DataFrame(rows)
+    assert runs.loc[1, "tokens_per_chunk"] == 4.0
+    assert runs.loc[1, "itl_chunk_ms_median"] == pytest.approx(48.0)
+    assert runs.loc[1, "itl_token_ms_median"] == pytest.approx(12.0)
+    assert runs.loc[1, "acceptance_rate"] == 0.75
+    assert runs.loc[1, "per_position_acceptance"] == [0.9, 0.8, 0.7, 0.6]
+    assert set(sd.RUN_COLUMNS) <= set(runs.columns)
+    table = sd.compare_to_baseline(runs)
+    row = table.loc[("ngram k=4", "code_edit", 1)]
+    assert row.tpot_change_pct == pytest.approx(-70.0)
+    assert row.step_cost_ratio == pytest.approx(1.2)
+    # speed-up = tokens per step / step cost
+    assert row.speedup == pytest.approx(row.tokens_per_chunk / row.step_cost_ratio)
+    assert sd.pick(runs, "ngram k=4", "code_edit", 1) == pytest.approx(12.0)
+    assert math.isnan(sd.pick(runs, "ngram k=4", "chat", 1))
+    assert math.isnan(sd.pick(runs, None, "chat", 1))
+
+
+def test_compare_without_baseline_and_combine_nothing():
+    assert sd.compare_to_baseline(pd.DataFrame()).empty
+    empty = sd.combine([])
+    assert set(empty) == {"runs", "requests", "chunks", "records"}
+    assert empty["runs"].empty and empty["records"] == []
+    assert sd.output_identity(empty["requests"]).empty
+
+
+def test_run_arms_skips_what_the_target_cannot_serve(monkeypatch):
+    from lab_utils.server import ArmUnavailable
+    notes = []
+
+    def engine(**flags):
+        raise ArmUnavailable("remote")
+
+    ctx = SimpleNamespace(engine=engine, results=SimpleNamespace(note=notes.append))
+    out = sd.run_arms(ctx, [sd.ngram_arm(4)])
+    assert out["runs"].empty and "skipped" in notes[0]
+
+
+def test_numpy_ints_are_valid_k():
+    assert sd.ngram_arm(np.int64(3)).k == 3
+
+
+def runs_table(high=8):
+    """Baseline, n-gram and draft rows for code edits (c=1, c=high) and chat."""
+    spec = {"spec_decode_drafts": 12.0, "spec_decode_draft_tokens": 48.0,
+            "spec_decode_accepted_tokens": 36.0, "spec_decode_acceptance_rate": 0.75,
+            "spec_decode_mean_accepted_length": 4.0}
+    none = {"spec_decode_drafts": 0.0, "spec_decode_draft_tokens": 0.0,
+            "spec_decode_accepted_tokens": 0.0}
+    poor = {"spec_decode_drafts": 40.0, "spec_decode_draft_tokens": 80.0,
+            "spec_decode_accepted_tokens": 2.0, "spec_decode_acceptance_rate": 0.025,
+            "spec_decode_mean_accepted_length": 1.05}
+    plan = [(sd.baseline_arm(), (0.040, 0.040, 1, {}), (0.040, 0.040, 1, {})),
+            (sd.ngram_arm(4), (0.012, 0.048, 4, spec), (0.041, 0.041, 1, none)),
+            (sd.draft_arm("/d", 2, "6L"), (0.080, 0.080, 1, poor), (0.085, 0.085, 1, poor))]
+    rows = []
+    for arm, code, chat in plan:
+        for workload, conc, (tp, gap, per, counters) in (("code_edit", 1, code),
+                                                          ("chat", 1, chat),
+                                                          ("code_edit", high, code)):
+            run = fake_run(tp, gap, per, counters=counters)
+            pos = [0.9, 0.8, 0.7, 0.6] if counters is spec else []
+            rows.append(sd.run_row(run, arm, workload, conc, sd.chunk_frame(run.records), pos))
+    return pd.DataFrame(rows)
+
+
+def test_speculation_economics():
+    econ = sd.speculation_economics(runs_table())
+    assert "baseline" not in econ.index.get_level_values("arm")
+    ng = econ.loc[("ngram k=4", "code_edit", 1)]
+    assert ng.k == 4 and ng.step_cost_ratio == pytest.approx(1.2)
+    assert sd.expected_tokens_per_step(ng.break_even_acceptance, 4) == pytest.approx(1.2)
+    dr = econ.loc[("draft 6L k=2", "code_edit", 1)]
+    assert dr.step_cost_ratio == pytest.approx(2.0) and dr.speedup == pytest.approx(0.5)
+    assert 0.5 < dr.break_even_acceptance < 1  # 2 tokens/step from k=2 needs alpha ~0.62
+    assert sd.speculation_economics(pd.DataFrame()).empty
+
+
+def test_findings_cover_the_issue_list():
+    runs = runs_table()
+    ident = sd.output_identity(requests_frame([
+        {"arm": a, "workload": "chat", "concurrency": 1, "index": 0, "text": t}
+        for a, t in (("baseline", "same"), ("ngram k=4", "same"), ("draft 6L k=2", "sane"))]))
+    out = sd.findings(runs, ident, high_concurrency=8, article_claim="TPOT -50-100%")
+    techniques = [f["technique"] for f in out]
+    assert techniques == ["speculative decoding: n-gram, code edits",
+                          "speculative decoding: n-gram, chat",
+                          "speculative decoding: n-gram under load",
+                          "speculative decoding: n-gram acceptance",
+                          "speculative decoding: draft model",
+                          "speculative decoding: draft model, chat",
+                          "speculative decoding: output identity"]
+    first = out[0]
+    assert (first["baseline"], first["treated"]) == (pytest.approx(40.0), pytest.approx(12.0))
+    assert "36 of 48 draft tokens (75%)" in first["mechanism"]
+    assert "no drafts proposed" in out[1]["mechanism"]
+    assert "8 in flight" in out[2]["metric"]
+    assert math.isnan(out[3]["baseline"]) and out[3]["treated"] == pytest.approx(75.0)
+    assert out[3]["mechanism"].endswith("90%, 80%, 70%, 60%")
+    assert (out[-1]["baseline"], out[-1]["treated"]) == (2.0, 1.0)
+    assert "draft 6L k=2: 0/1" in out[-1]["mechanism"]
+    assert out[0]["checklist"] == sd.CHECKLIST_ROW and "best case" in out[0]["reason"]
+    assert sum("checklist" in f for f in out) == 1
+    for f in out:  # without per-request rows there are no samples to bootstrap
+        assert {"technique", "metric", "baseline", "treated", "article_claim",
+                "mechanism"} <= set(f) and "samples" not in f
+
+
+def test_findings_carry_tpot_samples_and_results_accept_them(tmp_path):
+    from lab_utils.results import Results
+    runs = runs_table()
+    requests = pd.DataFrame([
+        {"arm": arm, "workload": "code_edit", "concurrency": 1, "ok": True, "tpot_ms": v}
+        for arm, vals in (("baseline", [40, 42, 39]), ("ngram k=4", [12, 11, 13]))
+        for v in vals])
+    assert sd.tpot_samples(requests, "ngram k=4", "code_edit", 1) == [12.0, 11.0, 13.0]
+    assert sd.tpot_samples(requests, "ngram k=4", "chat", 1) == []
+    assert sd.tpot_samples(None, "x", "chat", 1) == []
+    out = sd.findings(runs, pd.DataFrame(), high_concurrency=8, article_claim="c",
+                      requests=requests)
+    assert out[0]["samples"] == ([40.0, 42.0, 39.0], [12.0, 11.0, 13.0])
+    assert all("samples" not in f for f in out[1:])
+    res = Results("nb", tmp_path)
+    recorded = res.add_finding(**out[0])
+    assert recorded["checklist"] == sd.CHECKLIST_ROW and recorded["significant"] is True
+    assert recorded["change_ci95"][1] < -50
+
+
+def test_findings_skip_what_was_not_measured():
+    runs = runs_table()
+    only_base = runs[runs.arm == "baseline"]
+    assert sd.findings(only_base, pd.DataFrame(), high_concurrency=8, article_claim="x") == []
+    no_load = sd.findings(runs, pd.DataFrame(), high_concurrency=0, article_claim="x")
+    assert not any("under load" in f["technique"] for f in no_load)
+
+
+def test_load_warning_names_busy_runs():
+    runs = pd.DataFrame([{"arm": "baseline", "workload": "chat", "concurrency": 1,
+                          "host_load_1m": 9.5},
+                         {"arm": "ngram k=4", "workload": "chat", "concurrency": 1,
+                          "host_load_1m": 1.2}])
+    msg = sd.load_warning(runs, cores=2)
+    assert "1 of 2 runs" in msg and "baseline/chat/c1 (9.5)" in msg and "ngram" not in msg
+    assert sd.load_warning(runs, cores=8) == ""
+    assert sd.load_warning(pd.DataFrame(), cores=2) == ""
+    assert sd.host_load() >= 0
