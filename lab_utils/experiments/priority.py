@@ -1,0 +1,511 @@
+"""Experiments of `09_priority_scheduling`: interactive chat requests mixed
+with long batch requests, served first-come-first-served, with vLLM's
+`--scheduling-policy priority`, and with a client-side off-peak admission
+policy (`lab_utils.admission.OffPeakAdmission`).
+
+Arms (each one knob away from the FCFS arm):
+- `interactive alone`: the interactive requests with no batch traffic (what
+  "served at once" looks like on this engine);
+- `fcfs`: both classes, vLLM's default policy;
+- `priority`: the same requests with `priority` set (interactive 0, batch 1)
+  on an engine started with `scheduling_policy="priority"`; in vLLM a LOWER
+  value is served first (`vllm/v1/request.py`, `Request.__lt__`, and
+  `PriorityRequestQueue` in `vllm/v1/core/sched/request_queue.py`);
+- `admission`: the FCFS engine again, with batch requests held by the client
+  until interactive traffic is off-peak.
+
+The mechanism is read from vLLM's /metrics during each arm: the waiting and
+running gauges (sampled every `sample_every_s`) and the preemption counter.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..admission import (
+    BATCH,
+    INTERACTIVE,
+    OffPeakAdmission,
+    ScheduledRun,
+    run_schedule_async,
+)
+from ..client import Client, Load, RequestSpec, run_sync
+from ..counters import delta, parse_metrics, scrape, scrape_text
+from ..metrics import SLO, summarize
+from ..results import Results
+from ..server import ArmUnavailable
+from ..workloads import chat, chat_questions
+
+#: vLLM serves the LOWER priority value first.
+INTERACTIVE_PRIORITY, BATCH_PRIORITY = 0, 1
+BATCH_PROMPT = ("Write a detailed report of several paragraphs that answers this question "
+                "thoroughly, with background, examples and a summary: {question}")
+
+
+# --------------------------------------------------------------------------
+# The workload
+# --------------------------------------------------------------------------
+
+@dataclass
+class Workload:
+    """Requests and their arrival offsets (s), sorted by arrival."""
+    specs: list[RequestSpec]
+    offsets: list[float]
+
+    def __post_init__(self) -> None:
+        if len(self.specs) != len(self.offsets):
+            raise ValueError(f"{len(self.specs)} requests but {len(self.offsets)} offsets")
+        order = sorted(range(len(self.specs)), key=lambda i: self.offsets[i])
+        self.specs = [self.specs[i] for i in order]
+        self.offsets = [float(self.offsets[i]) for i in order]
+
+    def only(self, tag: str) -> Workload:
+        keep = [i for i, s in enumerate(self.specs) if s.tag == tag]
+        return Workload([self.specs[i] for i in keep], [self.offsets[i] for i in keep])
+
+    def with_priorities(self, interactive: int | None = INTERACTIVE_PRIORITY,
+                        batch: int | None = BATCH_PRIORITY) -> Workload:
+        """The same requests with vLLM's `priority` field set per class
+        (None leaves the field out of the request)."""
+        pri = {INTERACTIVE: interactive, BATCH: batch}
+        return Workload([dataclasses.replace(s, priority=pri.get(s.tag)) for s in self.specs],
+                        list(self.offsets))
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame({"arrival_s": self.offsets, "tag": [s.tag for s in self.specs],
+                             "max_tokens": [s.max_tokens for s in self.specs],
+                             "priority": [s.priority for s in self.specs]})
+
+
+def peak_arrivals(n: int, peak_s: float, seed: int = 0) -> list[float]:
+    """`n` arrival times of a Poisson process observed during a peak of
+    `peak_s` seconds: given the count, Poisson arrivals are independent and
+    uniform over the window (sorted, seeded). The first arrives at 0."""
+    if n < 1:
+        return []
+    if not peak_s > 0:
+        raise ValueError(f"peak_s must be > 0 s, got {peak_s!r}")
+    times = np.sort(np.random.default_rng(seed).uniform(0.0, peak_s, n))
+    return [float(t) for t in times - times[0]]
+
+
+def mixed_workload(*, interactive: int = 12, peak_s: float = 8.0,
+                   interactive_tokens: tuple[int, int] = (16, 32), batch: int = 8,
+                   batch_tokens: int = 96, batch_at_s: float = 1.0, batch_spread_s: float = 0.5,
+                   seed: int = 0) -> Workload:
+    """`interactive` short chat requests arriving at random (Poisson) during a
+    peak of `peak_s` seconds, and a batch job of `batch` long requests
+    submitted between `batch_at_s` and `batch_at_s + batch_spread_s`, during
+    the peak. After the peak no interactive request arrives (off-peak). Every
+    request produces exactly its `max_tokens` (`ignore_eos`), so every arm
+    does the same work; interactive lengths are drawn uniformly from
+    `interactive_tokens`. No priorities are set (see `with_priorities`)."""
+    lo, hi = interactive_tokens
+    if not 1 <= lo <= hi:
+        raise ValueError(f"interactive_tokens must be (lo, hi) with 1 <= lo <= hi, got "
+                         f"{interactive_tokens!r}")
+    rng = random.Random(seed)
+    questions = [q["question"] for q in chat_questions()]
+    rng.shuffle(questions)
+    batch_q, inter_q = questions[:batch], questions[batch:]
+    specs, offsets = [], []
+    for i in range(batch):
+        specs.append(RequestSpec(messages=chat(BATCH_PROMPT.format(question=batch_q[i % len(batch_q)])),
+                                 max_tokens=batch_tokens, tag=BATCH, ignore_eos=True))
+        offsets.append(batch_at_s + batch_spread_s * i / max(batch - 1, 1))
+    for i, at in enumerate(peak_arrivals(interactive, peak_s, seed)):
+        specs.append(RequestSpec(messages=chat(inter_q[i % len(inter_q)]),
+                                 max_tokens=rng.randint(lo, hi), tag=INTERACTIVE,
+                                 ignore_eos=True))
+        offsets.append(at)
+    return Workload(specs, offsets)
+
+
+def slot_demand(workload: Workload, service_s: dict[str, float], slots: int,
+                window_s: float | None = None) -> float:
+    """Offered load: slot-seconds of work the requests arriving in the first
+    `window_s` s ask for, over the slot-seconds available (> 1 = a queue must
+    form). `service_s` is the measured time of one request per class."""
+    window_s = window_s or max(workload.offsets, default=0.0) or 1.0
+    demand = sum(service_s.get(s.tag, 0.0) for s, at in zip(workload.specs, workload.offsets)
+                 if at <= window_s)
+    return demand / (slots * window_s)
+
+
+def vllm_source(relative: str, marker: str, lines: int = 12) -> str:
+    """`lines` lines of the installed vLLM's `relative` source file from the
+    first line containing `marker` (read as text: vLLM is not imported)."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return "(vLLM is not installed in this environment)"
+    path = Path(spec.submodule_search_locations[0]) / relative
+    text = path.read_text().splitlines()
+    at = next((i for i, line in enumerate(text) if marker in line), None)
+    if at is None:
+        return f"({marker!r} not found in {path})"
+    body = "\n".join(f"{at + 1 + k:5d}  {line}" for k, line in enumerate(text[at:at + lines]))
+    from ..profiles import ConfigError, vllm_version
+    try:
+        version = f" {vllm_version()}"
+    except ConfigError:
+        version = ""
+    return f"# vllm{version}: vllm/{relative}\n{body}"
+
+
+# --------------------------------------------------------------------------
+# Sampling vLLM's queue while an arm runs
+# --------------------------------------------------------------------------
+
+async def sample_gauges(base_url: str, api_key: str | None, every_s: float,
+                        stop: asyncio.Event, t0: float) -> list[dict[str, float]]:
+    """/metrics every `every_s` until `stop`: waiting/running requests and
+    cumulative preemptions, with the time since `t0` (perf_counter)."""
+    rows = []
+    while not stop.is_set():
+        try:
+            text = await asyncio.to_thread(scrape_text, base_url, api_key, 5)
+            snap = parse_metrics(text)
+            rows.append({"t_s": time.perf_counter() - t0,
+                         "waiting": snap.gauges["requests_waiting"],
+                         "running": snap.gauges["requests_running"],
+                         "preemptions": snap.counters["preemptions"],
+                         "kv_cache_usage": snap.gauges["kv_cache_usage"]})
+        except OSError:
+            pass
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=every_s)
+        except TimeoutError:
+            pass
+    return rows
+
+
+@dataclass
+class Arm:
+    label: str
+    engine: str
+    scheduled: ScheduledRun
+    counters: dict[str, Any]
+    gauges: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def records(self):
+        return self.scheduled.run.records
+
+    def frame(self) -> pd.DataFrame:
+        return self.scheduled.frame().assign(arm=self.label)
+
+
+def run_arm(engine, workload: Workload, *, label: str, policy=None,
+            results: Results | None = None, slo: SLO | None = None,
+            sample_every_s: float = 0.5) -> Arm:
+    """Send `workload` to `engine` (through `policy`, if given), sample the
+    queue gauges meanwhile, and record the arm with per-class summaries."""
+    client = Client.for_engine(engine)
+    jsonl = results.records_path(label) if results else None
+    if jsonl is not None and jsonl.exists():
+        jsonl.unlink()
+    before = scrape(engine.base_url, engine.api_key)
+
+    async def go():
+        stop = asyncio.Event()
+        t0 = time.perf_counter()
+        sampler = asyncio.create_task(sample_gauges(engine.base_url, engine.api_key,
+                                                    sample_every_s, stop, t0))
+        try:
+            sched = await run_schedule_async(client, workload.specs, workload.offsets,
+                                             policy=policy, label=label, jsonl=jsonl)
+        finally:
+            stop.set()
+        return sched, await sampler
+
+    scheduled, rows = run_sync(go())
+    scheduled.run.counters = delta(before, scrape(engine.base_url, engine.api_key))
+    arm = Arm(label, engine.label, scheduled, scheduled.run.counters, pd.DataFrame(rows))
+    failed = [r for r in arm.records if not r.ok]
+    if results is not None:
+        results.add_engine(engine)
+        results.add_arm(label, scheduled.run, slo, engine=engine.label,
+                        policy=getattr(policy, "describe", lambda: "none")(),
+                        **class_summaries(arm, slo))
+    if failed and len(failed) == len(arm.records):
+        raise RuntimeError(f"every request of {label!r} failed; first error: {failed[0].error}")
+    return arm
+
+
+# --------------------------------------------------------------------------
+# What each arm did, per class
+# --------------------------------------------------------------------------
+
+def class_summaries(arm: Arm, slo: SLO | None = None) -> dict[str, Any]:
+    """`summarize` of the interactive records over the interactive span (first
+    arrival to last finish, so goodput is per second of peak) and the batch
+    job's price: when it finished and its throughput."""
+    frame = arm.frame()
+    out: dict[str, Any] = {}
+    inter = frame[frame.tag == INTERACTIVE]
+    if len(inter):
+        span = float(inter.done_s.max() - inter.arrival_s.min()) if inter.ok.any() else math.nan
+        recs = [r for r in arm.records if r.tag == INTERACTIVE]
+        out["interactive"] = summarize(recs, span, slo)
+    batch = frame[(frame.tag == BATCH)]
+    if len(batch):
+        ok = batch[batch.ok]
+        first, last = float(batch.arrival_s.min()), float(ok.done_s.max()) if len(ok) else math.nan
+        out["batch"] = {"requests": len(batch), "completed": int(batch.ok.sum()),
+                        "held_s_median": float(batch.held_s.median()),
+                        "completion_s_median": float((ok.done_s - ok.arrival_s).median()),
+                        "job_done_s": last,
+                        "output_tokens": int(ok.output_tokens.fillna(0).sum()),
+                        "job_throughput_tok_s": float(ok.output_tokens.sum() / (last - first))
+                        if len(ok) and last > first else math.nan}
+    return out
+
+
+def arm_row(arm: Arm, slo: SLO | None = None) -> dict[str, Any]:
+    """One comparable row per arm (ms unless stated)."""
+    s = class_summaries(arm, slo)
+    i, b = s.get("interactive", {}), s.get("batch", {})
+    g = arm.gauges
+    return {"interactive TTFT p50": i.get("ttft_ms_median"), "interactive TTFT p90": i.get("ttft_ms_p90"),
+            "interactive TTFT p99": i.get("ttft_ms_p99"), "interactive TPOT p50": i.get("tpot_ms_median"),
+            "interactive SLO met (%)": 100 * i["slo_met_fraction"] if i else None,
+            "interactive goodput (req/s)": i.get("goodput"),
+            "batch held p50 (s)": b.get("held_s_median"),
+            "batch job done at (s)": b.get("job_done_s"),
+            "batch job tok/s": b.get("job_throughput_tok_s"),
+            "preemptions": arm.counters.get("preemptions"),
+            "max waiting (sampled)": g.waiting.max() if len(g) else None,
+            "max running (sampled)": g.running.max() if len(g) else None,
+            "failed": sum(1 for r in arm.records if not r.ok)}
+
+
+def compare(arms: dict[str, Arm], slo: SLO | None = None) -> pd.DataFrame:
+    return pd.DataFrame({label: arm_row(arm, slo) for label, arm in arms.items()}).T
+
+
+# --------------------------------------------------------------------------
+# The arms, ordered so each engine starts once
+# --------------------------------------------------------------------------
+
+def engine_flags(max_num_seqs: int, scheduling_policy: str | None = None) -> dict[str, Any]:
+    """Technique flags of an arm: the contention knob (`max_num_seqs`, 0 =
+    vLLM's default) and the scheduling policy (None = FCFS, the default)."""
+    flags: dict[str, Any] = {}
+    if max_num_seqs:
+        flags["max_num_seqs"] = int(max_num_seqs)
+    if scheduling_policy and scheduling_policy != "fcfs":
+        flags["scheduling_policy"] = scheduling_policy
+    return flags
+
+
+_WARM: set[str] = set()
+
+
+def warm_up(engine, requests: int = 16, max_tokens: int = 12, spacing_s: float = 0.05) -> None:
+    """The first time an engine is used, send `requests` short requests
+    `spacing_s` apart, so the number running ramps up and down through the
+    batch sizes the arms will use. On this CPU backend a fresh engine can
+    stall for seconds the first time it meets a larger batch; no arm should
+    pay for that. The prompts are unique and not from the datasets, so the
+    prefix cache gains nothing for the arms."""
+    if engine.base_url in _WARM:
+        return
+    specs = [RequestSpec(messages=chat(f"Warm-up {i}: count from one to twenty in words."),
+                         max_tokens=max_tokens, ignore_eos=True, tag="warm-up")
+             for i in range(requests)]
+    Client.for_engine(engine).run(specs, Load.at([i * spacing_s for i in range(requests)]),
+                                  progress=False)
+    _WARM.add(engine.base_url)
+
+
+def fcfs_arm(ctx, workload: Workload, *, label: str, max_num_seqs: int, policy=None,
+             slo: SLO | None = None) -> dict[str, Arm]:
+    """One arm on the FCFS engine (started once, reused for every FCFS arm):
+    `workload` sent at its arrival times, through `policy` if given."""
+    try:
+        engine = ctx.engine(**engine_flags(max_num_seqs))
+    except ArmUnavailable as exc:
+        ctx.results.note(f"{label}: skipped ({exc})")
+        print(f"[{label}] skipped: {exc}")
+        return {}
+    warm_up(engine)
+    return {label: run_arm(engine, workload, label=label, policy=policy, results=ctx.results,
+                           slo=slo)}
+
+
+def priority_arm(ctx, workload: Workload, *, max_num_seqs: int, slo: SLO | None = None,
+                 interactive_priority: int = INTERACTIVE_PRIORITY,
+                 batch_priority: int = BATCH_PRIORITY, control: bool = True) -> dict[str, Arm]:
+    """On an engine with `scheduling_policy="priority"`: the same workload with
+    per-class `priority` (lower is served first). With `control`, first the
+    same requests all at priority 0 on the same engine: ties are served in
+    arrival order (`Request.__lt__`), i.e. FCFS, so the two arms differ only in
+    the priorities and run back to back on one server."""
+    try:
+        engine = ctx.engine(**engine_flags(max_num_seqs, "priority"))
+    except ArmUnavailable as exc:
+        ctx.results.note(f"priority arm skipped: {exc}")
+        print(f"[priority] skipped: {exc}")
+        return {}
+    warm_up(engine)
+    arms = {}
+    if control:
+        arms["equal priority"] = run_arm(engine, workload.with_priorities(0, 0),
+                                         label="equal priority", results=ctx.results, slo=slo)
+    w = workload.with_priorities(interactive_priority, batch_priority)
+    arms["priority"] = run_arm(engine, w, label="priority", results=ctx.results, slo=slo)
+    return arms
+
+
+def explore(ctx, *, max_num_seqs: int, batch: int, batch_tokens: int, interactive: int,
+            peak_s: float, policy: str, window_s: float = 3.0, seed: int = 0) -> pd.DataFrame:
+    """One arm with the widgets' settings (for the Explore section; nothing is
+    recorded in the notebook's results)."""
+    w = mixed_workload(interactive=interactive, peak_s=peak_s, batch=batch,
+                       batch_tokens=batch_tokens, seed=seed)
+    slo = SLO(ttft_s=2.0, tpot_s=None)
+    try:
+        engine = ctx.engine(**engine_flags(max_num_seqs, policy if policy == "priority" else None))
+    except ArmUnavailable as exc:
+        return pd.DataFrame({"skipped": [str(exc)]})
+    warm_up(engine)
+    if policy == "priority":
+        w = w.with_priorities()
+    pol = OffPeakAdmission(window_s=window_s) if policy == "admission" else None
+    arm = run_arm(engine, w, label=f"explore {policy}", policy=pol, slo=slo)
+    return compare({policy: arm}, slo).T
+
+
+CLAIM = "priority scheduling: interactive requests served at once, batch queued for off-peak"
+
+
+def findings(arms: dict[str, Arm], table: pd.DataFrame) -> list[dict[str, Any]]:
+    """`Results.add_finding` arguments: interactive p99 TTFT and the batch
+    job's finish, FCFS against each policy, and priority against its
+    same-engine control; the mechanism is vLLM's queue gauges and preemptions."""
+    def evidence(label: str) -> str:
+        row = table.loc[label]
+        return (f"{label}: max {row['max waiting (sampled)']:.0f} requests waiting and "
+                f"{row['max running (sampled)']:.0f} running (vllm:num_requests_waiting/running), "
+                f"vllm:num_preemptions_total delta {arms[label].counters['preemptions']:.0f}")
+
+    def p99(base: str, arm: str, technique: str, metric: str) -> dict[str, Any]:
+        return {"technique": technique, "metric": metric,
+                "baseline": table.loc[base, "interactive TTFT p99"],
+                "treated": table.loc[arm, "interactive TTFT p99"], "article_claim": CLAIM,
+                "mechanism": evidence(base) + "; " + evidence(arm),
+                "p50": [table.loc[base, "interactive TTFT p50"],
+                        table.loc[arm, "interactive TTFT p50"]]}
+
+    out = []
+    for arm in ("priority", "admission"):
+        if arm in table.index and "fcfs" in table.index:
+            out.append(p99("fcfs", arm, f"scheduling: {arm}",
+                           f"interactive TTFT p99 (ms), fcfs -> {arm}"))
+            out.append({"technique": f"scheduling: {arm} (batch price)",
+                        "metric": f"batch job done at (s), fcfs -> {arm}",
+                        "baseline": table.loc["fcfs", "batch job done at (s)"],
+                        "treated": table.loc[arm, "batch job done at (s)"], "article_claim": CLAIM,
+                        "mechanism": f"batch held by the client p50 "
+                                     f"{table.loc[arm, 'batch held p50 (s)']:.1f} s; "
+                                     + evidence(arm)})
+    if {"equal priority", "priority"} <= set(table.index):
+        out.append(p99("equal priority", "priority", "scheduling: priority (same engine)",
+                       "interactive TTFT p99 (ms), equal -> class priorities"))
+    return out
+
+
+# --------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------
+
+def plot_timelines(arms: dict[str, Arm], title: str = "Requests over time, per arm"):
+    """One panel per arm: a bar per request from arrival: held by the client
+    (hatched), waiting for its first token (light), decoding (solid)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    colors = {INTERACTIVE: "tab:blue", BATCH: "tab:orange"}
+    fig, axes = plt.subplots(1, len(arms), figsize=(4.6 * len(arms), 4.6), sharex=True,
+                             squeeze=False)
+    for ax, (label, arm) in zip(axes[0], arms.items()):
+        f = arm.frame().sort_values(["tag", "arrival_s"], ascending=[False, True])
+        f = f[f.ok].reset_index(drop=True)
+        for y, r in f.iterrows():
+            c = colors.get(r.tag, "grey")
+            send = r.arrival_s + r.held_s
+            if r.held_s > 0.05:
+                ax.barh(y, r.held_s, left=r.arrival_s, color="none", edgecolor=c, hatch="///",
+                        linewidth=0.5)
+            ax.barh(y, r.ttft_ms / 1e3, left=send, color=c, alpha=0.3, edgecolor="none")
+            ax.barh(y, (r.e2e_ms - r.ttft_ms) / 1e3, left=send + r.ttft_ms / 1e3, color=c,
+                    edgecolor="none")
+        ax.set_title(label)
+        ax.set_xlabel("time since arm start (s)")
+        ax.set_yticks([])
+        ax.invert_yaxis()
+    axes[0][0].set_ylabel("requests by arrival (interactive above, batch below)")
+    handles = [Patch(facecolor="none", edgecolor="grey", hatch="///", label="held by client"),
+               *(Patch(color=c, alpha=0.3, label=f"{t}: waiting for 1st token")
+                 for t, c in colors.items()),
+               *(Patch(color=c, label=f"{t}: decoding") for t, c in colors.items())]
+    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize="small",
+               bbox_to_anchor=(0.5, -0.02))
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig
+
+
+def plot_queue(arms: dict[str, Arm], title: str = "vLLM's queue during each arm (/metrics)"):
+    """Sampled `vllm:num_requests_waiting` and `..._running`, one line per arm."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharex=True)
+    for label, arm in arms.items():
+        g = arm.gauges
+        if len(g):
+            axes[0].plot(g.t_s, g.running, drawstyle="steps-post", label=label)
+            axes[1].plot(g.t_s, g.waiting, drawstyle="steps-post", label=label)
+    for ax, what in zip(axes, ("running (in a batch slot)", "waiting (queued in vLLM)")):
+        ax.set_xlabel("time since arm start (s)")
+        ax.set_ylabel(f"requests {what}")
+        ax.set_title(what)
+        ax.legend(fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+__all__ = [
+    "BATCH",
+    "BATCH_PRIORITY",
+    "CLAIM",
+    "INTERACTIVE",
+    "INTERACTIVE_PRIORITY",
+    "Arm",
+    "Workload",
+    "arm_row",
+    "class_summaries",
+    "compare",
+    "engine_flags",
+    "explore",
+    "fcfs_arm",
+    "findings",
+    "mixed_workload",
+    "plot_queue",
+    "plot_timelines",
+    "priority_arm",
+    "run_arm",
+    "sample_gauges",
+    "slot_demand",
+    "vllm_source",
+    "warm_up",
+]

@@ -1,0 +1,138 @@
+"""Experiments of 09_priority_scheduling: the mixed workload, the engine
+flags per arm, and the per-class summaries (no vLLM needed)."""
+import math
+
+import pandas as pd
+import pytest
+
+from lab_utils.admission import BATCH, INTERACTIVE, ScheduledRun
+from lab_utils.client import RequestRecord, Run
+from lab_utils.experiments import priority as pr
+from lab_utils.metrics import SLO
+
+
+def test_peak_arrivals_are_seeded_sorted_and_inside_the_peak():
+    a = pr.peak_arrivals(12, 8.0, seed=3)
+    assert a == pr.peak_arrivals(12, 8.0, seed=3) and a != pr.peak_arrivals(12, 8.0, seed=4)
+    assert a[0] == 0.0 and a == sorted(a) and a[-1] < 8.0 and len(a) == 12
+    assert pr.peak_arrivals(0, 8.0) == []
+    with pytest.raises(ValueError):
+        pr.peak_arrivals(3, 0.0)
+
+
+def test_mixed_workload_shape():
+    w = pr.mixed_workload(interactive=12, peak_s=8.0, batch=8, batch_tokens=128, batch_at_s=1.0,
+                          batch_spread_s=0.5, interactive_tokens=(16, 32), seed=0)
+    f = w.frame()
+    assert (f.tag == BATCH).sum() == 8 and (f.tag == INTERACTIVE).sum() == 12
+    assert f.arrival_s.is_monotonic_increasing
+    b, i = f[f.tag == BATCH], f[f.tag == INTERACTIVE]
+    assert (b.max_tokens == 128).all() and i.max_tokens.between(16, 32).all()
+    assert b.arrival_s.min() == 1.0 and b.arrival_s.max() == pytest.approx(1.5)
+    assert i.arrival_s.max() < 8.0
+    assert all(s.ignore_eos for s in w.specs) and f.priority.isna().all()
+    texts = [s.messages[-1]["content"] for s in w.specs]
+    assert len(set(texts)) == len(texts)                    # no prompt repeats
+    assert [s.messages for s in pr.mixed_workload(seed=0).specs] == \
+        [s.messages for s in pr.mixed_workload(seed=0).specs]
+
+
+def test_mixed_workload_rejects_bad_lengths():
+    with pytest.raises(ValueError):
+        pr.mixed_workload(interactive_tokens=(32, 16))
+
+
+def test_priorities_lower_is_interactive():
+    w = pr.mixed_workload().with_priorities()
+    pri = {s.tag: s.priority for s in w.specs}
+    assert pri[INTERACTIVE] < pri[BATCH]           # vLLM serves the lower value first
+    assert w.specs[0].payload("m")["priority"] == pri[w.specs[0].tag]
+    none = pr.mixed_workload().with_priorities(None, None)
+    assert "priority" not in none.specs[0].payload("m")
+
+
+def test_only_keeps_one_class_with_its_times():
+    w = pr.mixed_workload()
+    inter = w.only(INTERACTIVE)
+    assert {s.tag for s in inter.specs} == {INTERACTIVE}
+    assert inter.offsets == [o for s, o in zip(w.specs, w.offsets) if s.tag == INTERACTIVE]
+
+
+def test_engine_flags_one_knob_each():
+    assert pr.engine_flags(0) == {}
+    assert pr.engine_flags(4) == {"max_num_seqs": 4}
+    assert pr.engine_flags(4, "fcfs") == {"max_num_seqs": 4}
+    assert pr.engine_flags(4, "priority") == {"max_num_seqs": 4, "scheduling_policy": "priority"}
+
+
+def test_slot_demand():
+    w = pr.Workload([pr.RequestSpec(messages=[{"role": "user", "content": "x"}], tag=t)
+                     for t in (BATCH, BATCH, INTERACTIVE)], [0.0, 0.0, 4.0])
+    # 2 x 8 s + 1 x 2 s of work over 2 slots x 4 s
+    assert pr.slot_demand(w, {BATCH: 8.0, INTERACTIVE: 2.0}, slots=2) == pytest.approx(18 / 8)
+
+
+def _arm():
+    recs, arrival, held = [], [], []
+    # two interactive (one slow), two batch (one held 5 s)
+    for i, (tag, at, h, ttft, e2e) in enumerate([(INTERACTIVE, 0.0, 0.0, 0.2, 1.0),
+                                                (INTERACTIVE, 1.0, 0.0, 3.0, 4.0),
+                                                (BATCH, 0.5, 5.0, 0.3, 8.0),
+                                                (BATCH, 0.5, 0.0, 0.3, 8.0)]):
+        recs.append(RequestRecord(index=i, tag=tag, ttft=ttft, e2e=e2e, ok=True,
+                                  output_tokens=64 if tag == BATCH else 20))
+        arrival.append(at)
+        held.append(h)
+    sched = ScheduledRun(Run("x", "", recs, 14.0), arrival, held)
+    gauges = pd.DataFrame({"t_s": [0, 1], "waiting": [0, 3], "running": [2, 4],
+                           "preemptions": [0, 0], "kv_cache_usage": [0, 0]})
+    return pr.Arm("x", "e", sched, {"preemptions": 0.0}, gauges)
+
+
+def test_class_summaries_price_of_holding():
+    s = pr.class_summaries(_arm(), SLO(ttft_s=2.0, tpot_s=None))
+    i, b = s["interactive"], s["batch"]
+    assert i["requests"] == 2 and i["slo_met_fraction"] == 0.5
+    assert i["duration_s"] == pytest.approx(5.0)          # first arrival 0 -> last done 5
+    assert b["job_done_s"] == pytest.approx(13.5)          # 0.5 + 5 held + 8
+    assert b["held_s_median"] == pytest.approx(2.5)
+    assert b["job_throughput_tok_s"] == pytest.approx(128 / 13.0)
+
+
+def test_arm_row_and_compare():
+    row = pr.arm_row(_arm(), SLO(ttft_s=2.0, tpot_s=None))
+    assert row["interactive SLO met (%)"] == 50.0 and row["max waiting (sampled)"] == 3
+    assert row["preemptions"] == 0 and row["failed"] == 0
+    table = pr.compare({"a": _arm(), "b": _arm()})
+    assert list(table.index) == ["a", "b"] and "interactive TTFT p99" in table.columns
+    assert not math.isnan(table.loc["a", "interactive TTFT p50"])
+
+
+def test_findings_compare_each_policy_with_fcfs_and_the_control():
+    arms = {k: _arm() for k in ("fcfs", "admission", "equal priority", "priority")}
+    table = pr.compare(arms, SLO(ttft_s=2.0, tpot_s=None))
+    found = pr.findings(arms, table)
+    assert [f["technique"] for f in found] == [
+        "scheduling: priority", "scheduling: priority (batch price)", "scheduling: admission",
+        "scheduling: admission (batch price)", "scheduling: priority (same engine)"]
+    for f in found:
+        assert f["article_claim"] == pr.CLAIM and "vllm:num_preemptions_total" in f["mechanism"]
+        assert not math.isnan(f["baseline"]) and not math.isnan(f["treated"])
+    assert pr.findings({"fcfs": arms["fcfs"]}, table.loc[["fcfs"]]) == []
+
+
+def test_warm_up_sends_one_request_per_engine():
+    from types import SimpleNamespace
+
+    from fake_openai import FakeOpenAI
+    server = FakeOpenAI().start()
+    try:
+        engine = SimpleNamespace(base_url=server.base_url, model="chat", api_key=None)
+        pr.warm_up(engine, requests=3, spacing_s=0.01)
+        pr.warm_up(engine)
+        assert len(server.requests) == 3                   # once per engine
+        bodies = [r["body"] for r in server.requests]
+        assert all(b["ignore_eos"] and b["max_tokens"] == 12 for b in bodies)
+        assert len({b["messages"][-1]["content"] for b in bodies}) == 3
+    finally:
+        server.stop()
