@@ -4,7 +4,24 @@ from __future__ import annotations
 
 import time
 
+import pytest
+from fake_openai import FakeOpenAI
+
 from lab_utils.server import orphan_servers
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A fake OpenAI-compatible streaming server (tests/fake_openai.py) per module."""
+    s = FakeOpenAI().start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def fake(server):
+    server.reset()
+    return server
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -4,7 +4,6 @@ import asyncio
 import time
 
 import pytest
-from fake_openai import FakeOpenAI
 
 from lab_utils.admission import (
     BATCH,
@@ -115,17 +114,6 @@ def test_describe_names_the_rule():
 # The runner, against the fake server
 # --------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def server():
-    s = FakeOpenAI().start()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def fake(server):
-    server.reset()
-    return server
 
 
 def test_run_schedule_holds_batch_until_off_peak(fake, tmp_path):

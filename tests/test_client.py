@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from fake_openai import CHAT_FIRST_S, CHAT_GAP_S, CHAT_TOKENS, HOLD_S, FakeOpenAI
+from fake_openai import CHAT_FIRST_S, CHAT_GAP_S, CHAT_TOKENS, HOLD_S
 
 from lab_utils.client import (
     Client,
@@ -207,17 +207,6 @@ def test_sse_multiline_data_and_other_fields():
 # End to end against the fake server
 # --------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def server():
-    s = FakeOpenAI().start()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def fake(server):
-    server.reset()
-    return server
 
 
 def _chat_specs(n, **kw):

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from fake_openai import CHAT_TOKENS, FakeOpenAI
+from fake_openai import CHAT_TOKENS
 
 from lab_utils import prefetch as pf
 from lab_utils.client import Client, run_sync
@@ -162,17 +162,6 @@ def pd_isna(value):
 # The prefetcher against the fake server (150 ms per answer, 5 tokens)
 # --------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def server():
-    s = FakeOpenAI().start()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def fake(server):
-    server.reset()
-    return server
 
 
 def _prefetcher(fake, session, **kw):
