@@ -19,7 +19,7 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,8 @@ class RequestRecord:
     error: str = ""
     text: str = ""
     finish_reason: str | None = None
+    logprobs: list[float] = field(default_factory=list)  # per output token, if the request asked
+    route: str = ""                   # which model served it, when a router chose (tiering)
 
     @property
     def tpot(self) -> float | None:
@@ -103,6 +105,16 @@ class RequestRecord:
     def from_json(cls, d: dict[str, Any]) -> RequestRecord:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _token_logprobs(logprobs: dict | None) -> list[float]:
+    """The sampled tokens' log-probabilities in a chunk's `logprobs` (chat:
+    `content[].logprob`; completions: `token_logprobs`)."""
+    if not logprobs:
+        return []
+    if logprobs.get("content") is not None:
+        return [float(t["logprob"]) for t in logprobs["content"]]
+    return [float(x) for x in logprobs.get("token_logprobs") or [] if x is not None]
 
 
 # --------------------------------------------------------------------------
@@ -234,7 +246,12 @@ class Client:
                                      read_bufsize=1 << 20)
 
     async def send(self, session: aiohttp.ClientSession, spec: RequestSpec,
-                   index: int = 0, label: str = "") -> RequestRecord:
+                   index: int = 0, label: str = "", *,
+                   stop_when: Callable[[RequestRecord], bool] | None = None) -> RequestRecord:
+        """Send one request and time its stream. `stop_when(record)` is asked
+        after every token chunk; when it returns True the client hangs up (vLLM
+        aborts the generation) and the record ends there with finish_reason
+        "client_stop"."""
         rec = RequestRecord(index=index, tag=spec.tag, label=label)
         url = f"{self.base_url}/v1/{'chat/completions' if spec.api == 'chat' else 'completions'}"
         body = spec.payload(self.model)
@@ -273,6 +290,7 @@ class Client:
                         piece = (choice.get("delta") or {}).get("content") if spec.api == "chat" \
                             else choice.get("text")
                         text_parts.append(piece or "")
+                        rec.logprobs.extend(_token_logprobs(choice.get("logprobs")))
                         if choice.get("finish_reason"):
                             rec.finish_reason = choice["finish_reason"]
                         if rec.ttft is None:
@@ -283,6 +301,12 @@ class Client:
                         rec.chunk_times.append(now - st)
                         rec.chunk_tokens.append(usage.get("completion_tokens", len(rec.chunk_times))
                                                 if usage else len(rec.chunk_times))
+                        if stop_when is not None and not rec.finish_reason and stop_when(rec):
+                            rec.finish_reason = "client_stop"
+                            rec.output_tokens = rec.chunk_tokens[-1]
+                            break
+                    if rec.finish_reason == "client_stop":
+                        break
             if rec.ttft is None:
                 rec.error = rec.error or "the stream ended without a token chunk"
             else:

@@ -90,7 +90,8 @@ def records_frame(records: Sequence):
                      "ttft_ms": r.ttft * 1e3 if r.ttft is not None else math.nan,
                      "tpot_ms": r.tpot * 1e3 if r.tpot is not None else math.nan,
                      "e2e_ms": r.e2e * 1e3 if r.e2e is not None else math.nan,
-                     "itl_ms_max": max(r.itl) * 1e3 if r.itl else math.nan})
+                     "itl_ms_max": max(r.itl) * 1e3 if r.itl else math.nan,
+                     "route": getattr(r, "route", "")})
     return pd.DataFrame(rows)
 
 

@@ -12,13 +12,13 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from .paths import cache_dir
 
@@ -61,11 +61,38 @@ class Profile:
         if ref == "embedded":
             from .model import ensure_embedded_model
             return str(ensure_embedded_model())
+        derived = _derived_model(ref)
+        if derived is not None:
+            return derived
         if ref.startswith(("/", "./", "../", "~")) and not Path(ref).expanduser().exists():
             raise ConfigError(f"model path {ref!r} does not exist: fix the path in the profile "
                               "(or the role's entry under [models]), or give a hub id such as "
                               "'Qwen/Qwen2.5-7B-Instruct'")
         return str(Path(ref).expanduser()) if ref.startswith("~") else ref
+
+
+_TRUNCATED = re.compile(r"embedded-(\d+)L")
+
+
+def _derived_model(ref: str) -> str | None:
+    """A model `lab_utils` builds from the embedded one, offline, on first use:
+    `quantized:<recipe>` (`lab_utils.quantize`, e.g. quantized:w8a8) or
+    `embedded-<N>L` (its first N layers, `lab_utils.derived_models`)."""
+    if ref.startswith("quantized:"):
+        from .quantize import QuantizeError, recipe, resolve
+        try:
+            recipe(ref.split(":", 1)[1])
+        except QuantizeError as exc:
+            raise ConfigError(f"{ref!r}: {exc}") from None
+        return resolve(ref)
+    match = _TRUNCATED.fullmatch(ref)
+    if match:
+        from .derived_models import truncated_model
+        try:
+            return str(truncated_model(int(match.group(1))))
+        except ValueError as exc:
+            raise ConfigError(f"{ref!r}: {exc}") from None
+    return None
 
 
 def available_profiles() -> list[str]:

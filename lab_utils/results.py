@@ -156,12 +156,13 @@ class Results:
 
 def measure(engine, specs: Sequence[RequestSpec], load: Load = Load(), *, label: str,
             results: Results | None = None, slo: SLO | None = None, progress: bool = True,
-            **extra: Any) -> Run:
+            client: Client | None = None, **extra: Any) -> Run:
     """Run `specs` against `engine`, with counter deltas and records saved.
 
     Scrapes /metrics before and after, streams the records into the arm's
-    JSONL file as they arrive, and adds the arm to `results`."""
-    client = Client.for_engine(engine)
+    JSONL file as they arrive, and adds the arm to `results`. `client`
+    replaces the plain client of `engine` (e.g. a `tiering.TieredClient`)."""
+    client = client or Client.for_engine(engine)
     jsonl = results.records_path(label) if results else None
     if jsonl is not None and jsonl.exists():
         jsonl.unlink()  # a re-run of the same arm replaces its records

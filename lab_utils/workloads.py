@@ -52,6 +52,13 @@ def quality_questions() -> list[dict]:
     return list(_load("quality_questions.jsonl"))
 
 
+def answer_is_correct(answer: str | None, expected: Sequence[str]) -> bool:
+    """quality_questions.jsonl's rule: the lower-cased answer contains one of
+    the expected strings."""
+    text = (answer or "").lower()
+    return any(e.lower() in text for e in expected)
+
+
 def system_prompts() -> dict:
     return dict(_load("system_prompts.json"))
 

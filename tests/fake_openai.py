@@ -5,7 +5,8 @@ loop), so `Client.run` can be called from the test's thread exactly as a
 notebook calls it. The request's `model` field picks the behaviour:
 
 - "chat": vLLM's chat stream shape: a role chunk after 50 ms, then 5 content
-  chunks 20 ms apart (each with continuous usage), a usage-only chunk
+  chunks 20 ms apart (each with continuous usage, and with `logprobs` of
+  `self.logprob` per token if the request asks for them), a usage-only chunk
   (completion_tokens=5, cached_tokens=8) and `data: [DONE]`.
 - "text": completions stream: 3 text chunks 10 ms apart, usage, [DONE].
 - "http500": HTTP 500 with a JSON error body.
@@ -39,6 +40,7 @@ class FakeOpenAI:
         self.in_flight = 0
         self.max_in_flight = 0
         self.probe: Callable[[dict], None] | None = None   # called with each request body
+        self.logprob = -0.5   # each chat token's log-prob when a request asks for logprobs
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
@@ -57,6 +59,7 @@ class FakeOpenAI:
         self.requests.clear()
         self.in_flight = self.max_in_flight = 0
         self.probe = None
+        self.logprob = -0.5
 
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> FakeOpenAI:
@@ -119,10 +122,12 @@ class FakeOpenAI:
 
     @staticmethod
     def _chunk(content: str | None, usage: dict | None, *, role: bool = False,
-               finish: str | None = None) -> dict:
+               finish: str | None = None, logprob: float | None = None) -> dict:
         delta = {"role": "assistant", "content": ""} if role else {"content": content}
+        logprobs = None if logprob is None or role else \
+            {"content": [{"token": content, "logprob": logprob, "top_logprobs": []}]}
         out = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0,
-               "model": "chat", "choices": [{"index": 0, "delta": delta, "logprobs": None,
+               "model": "chat", "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
                                              "finish_reason": finish}]}
         if usage is not None:
             out["usage"] = usage
@@ -137,7 +142,8 @@ class FakeOpenAI:
             await asyncio.sleep(CHAT_GAP_S)
             await send(self._chunk(f"w{i} ", {"prompt_tokens": 12, "completion_tokens": i,
                                               "total_tokens": 12 + i},
-                                   finish="length" if i == CHAT_TOKENS else None))
+                                   finish="length" if i == CHAT_TOKENS else None,
+                                   logprob=self.logprob if body.get("logprobs") else None))
         await send({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0,
                     "model": "chat", "choices": [],
                     "usage": {"prompt_tokens": 12, "completion_tokens": CHAT_TOKENS,

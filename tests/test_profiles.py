@@ -1,4 +1,5 @@
 """Profiles -> the exact `vllm serve` command lines, and flag validation."""
+import dataclasses
 import json
 import shlex
 
@@ -417,3 +418,20 @@ def test_real_known_options_from_installed_vllm(cpu, gpu):
                                          "scheduling_policy": "priority",
                                          "kv_cache_dtype": "fp8"}), options)
     check_known_options(flag_items(gpu, {"speculative_config": {"method": "ngram"}}), options)
+
+
+def test_cpu_small_tier_is_the_embedded_models_int8_copy():
+    assert load_profile("cpu").models["small"] == "quantized:w8a8"
+
+
+@pytest.mark.parametrize("ref, fix", [("quantized:nope", "choose one of"),
+                                      ("embedded-0L", "positive int"),
+                                      ("embedded-99L", "only 30 layers")])
+def test_derived_model_refs_fail_with_the_fix(ref, fix, monkeypatch):
+    import lab_utils.derived_models as dm
+    # The layer check of a 30-layer source, without reading or building a model.
+    monkeypatch.setattr(dm, "truncated_model",
+                        lambda n, **k: dm.kept_layers(n, 30) and pytest.fail("built"))
+    p = dataclasses.replace(load_profile("cpu"), models={"x": ref})
+    with pytest.raises(ConfigError, match=fix):
+        p.model_for("x")

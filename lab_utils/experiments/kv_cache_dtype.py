@@ -48,6 +48,7 @@ from ..profiles import ConfigError, Profile
 from ..results import Results, measure
 from ..server import ArmUnavailable, EnginePool
 from ..workloads import (
+    answer_is_correct,
     chat,
     long_documents,
     quality_questions,
@@ -217,12 +218,6 @@ def compare_logprobs(base: Mapping[str, np.ndarray], treated: Mapping[str, np.nd
             "max_abs_logprob_diff": float(diff.max()) if a.size else math.nan,
             "top1_agreement": float(np.mean(np.asarray(base["top1"]) == np.asarray(treated["top1"])))
             if a.size else math.nan}
-
-
-def answer_is_correct(answer: str, expected: Sequence[str]) -> bool:
-    """datasets/quality_questions.jsonl's rule: any expected string in the lower-cased answer."""
-    text = (answer or "").lower()
-    return any(e.lower() in text for e in expected)
 
 
 def answer_table(answers: Mapping[str, Sequence[str]], questions: Sequence[Mapping[str, Any]],

@@ -42,6 +42,7 @@ from ..results import Results, measure
 from ..server import ArmUnavailable, ServerError
 from ..workloads import (
     Tokenizer,
+    answer_is_correct,
     chat,
     local_tokenizer,
     long_documents,
@@ -331,10 +332,7 @@ def perplexity(nll_sum: float, tokens: int) -> float:
     return math.exp(nll_sum / tokens) if tokens else math.nan
 
 
-def is_correct(answer: str | None, expect_any: Sequence[str]) -> bool:
-    """The dataset's rule: the lower-cased answer contains one expected string."""
-    text = (answer or "").lower()
-    return any(e.lower() in text for e in expect_any)
+is_correct = answer_is_correct  # the dataset's rule (lab_utils.workloads)
 
 
 def normalise_answer(text: str | None) -> str:

@@ -1,0 +1,490 @@
+"""Experiments of `11_model_tiering`: the same mixed workload served by the
+large model only, by the small model only, and routed per request by
+`lab_utils.tiering.Router`; answer quality of both tiers and of the routed
+mix on datasets/quality_questions.jsonl.
+
+Tiers are two engines of the profile running side by side: the main model
+(large) and the profile's `small` role. On the `cpu` profile the small tier is
+the embedded model's W8A8-INT8 copy built by `lab_utils.quantize` (the only
+smaller derivative that still answers: cut copies lose nearly every answer);
+on `gpu` it is Qwen2.5-1.5B-Instruct beside Qwen2.5-7B-Instruct; on `remote`
+map a second server to the `small` role (`LAB_REMOTE_ARMS`).
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..client import Load, RequestRecord, RequestSpec
+from ..counters import delta, scrape
+from ..metrics import records_frame
+from ..results import Results, measure
+from ..tiering import LARGE, SMALL, Router, TieredClient, TierRule, confidence, tier_of
+from ..workloads import (
+    answer_is_correct,
+    chat,
+    chat_questions,
+    code_edit_specs,
+    quality_questions,
+    tokenizer_for,
+)
+
+CLAIM = "model tiering (route easy requests to a smaller model): TTFT -20-40%, TPOT -30-50%"
+TIERS = (LARGE, SMALL)
+ARMS = ("large only", "small only", "routed")
+
+
+# --------------------------------------------------------------------------
+# Engines and workload
+# --------------------------------------------------------------------------
+
+def tier_engines(ctx) -> dict[str, Any]:
+    """Both tiers' engines, running side by side (the pool keeps two)."""
+    ctx.engines.keep = max(ctx.engines.keep, 2)
+    return {LARGE: ctx.engine(), SMALL: ctx.engine("small")}
+
+
+@dataclass
+class Workload:
+    """The mixed requests, in arrival order, and the expected answers of the
+    fact questions (None for requests that are not scored)."""
+    specs: list[RequestSpec]
+    expected: list[list[str] | None] = field(default_factory=list)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame({"task": [s.tag for s in self.specs],
+                             "max_tokens": [s.max_tokens for s in self.specs]})
+
+
+def fact_specs(n: int, max_tokens: int, offset: int = 0) -> tuple[list[RequestSpec], list]:
+    qs = quality_questions()
+    if n > len(qs):
+        raise ValueError(f"there are {len(qs)} quality questions; ask for at most that many")
+    chosen = [qs[(offset + i) % len(qs)] for i in range(n)]
+    return ([RequestSpec(messages=chat(q["question"]), max_tokens=max_tokens, tag="fact")
+             for q in chosen], [q["answer_contains"] for q in chosen])
+
+
+def mixed_workload(*, facts: int = 12, chats: int = 6, code: int = 3, fact_tokens: int = 32,
+                   chat_tokens: int = 64, code_tokens: int = 96, seed: int = 0) -> Workload:
+    """Short fact questions (scored), open chat questions and code edits (the
+    router's "code" task), shuffled with `seed`."""
+    for name, value in (("facts", facts), ("chats", chats), ("code", code)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    if facts + chats + code == 0:
+        raise ValueError("the workload is empty: ask for some facts, chats or code edits")
+    f_specs, f_expected = fact_specs(facts, fact_tokens)
+    qs = chat_questions()
+    random.Random(seed).shuffle(qs)
+    c_specs = [RequestSpec(messages=chat(qs[i % len(qs)]["question"]), max_tokens=chat_tokens,
+                           tag="chat") for i in range(chats)]
+    e_specs = code_edit_specs(code, max_tokens=code_tokens, tag="code")
+    items = list(zip(f_specs, f_expected)) + [(s, None) for s in c_specs + e_specs]
+    random.Random(seed).shuffle(items)
+    return Workload([s for s, _ in items], [e for _, e in items])
+
+
+def router_for(engine, rule: TierRule) -> Router:
+    """A router that counts prompt tokens with the large model's tokenizer."""
+    return Router(rule, tokenizer_for(engine).count)
+
+
+def rule_from(large_tasks: Sequence[str] | str = ("code", "document"),
+              max_small_prompt_tokens: int = 256, min_confidence: float = -1.0,
+              probe_tokens: int = 0) -> TierRule:
+    """The notebook's parameters as a rule: `probe_tokens` 0 turns the
+    confidence probe off; `large_tasks` may be a comma-separated string."""
+    if isinstance(large_tasks, str):
+        large_tasks = tuple(t.strip() for t in large_tasks.split(",") if t.strip())
+    return TierRule(large_tasks=tuple(large_tasks),
+                    max_small_prompt_tokens=max_small_prompt_tokens,
+                    min_confidence=float(min_confidence) if probe_tokens else None,
+                    probe_tokens=probe_tokens or 8)
+
+
+def routing_plan(router: Router, work: Workload) -> pd.DataFrame:
+    """Where the router sends each request before anything runs (the probe,
+    if any, can still move a small request to the large model)."""
+    rows = []
+    for i, s in enumerate(work.specs):
+        d = router.route(s)
+        rows.append({"request": i, "task": s.tag, "prompt_tokens": router.prompt_tokens(s),
+                     "tier": d.tier, "reason": d.reason})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------
+# Quality: every fact question on both tiers, with the probe's signal
+# --------------------------------------------------------------------------
+
+def quality_pass(engines: dict[str, Any], *, questions: int = 40, max_tokens: int = 32,
+                 probe_tokens: int = 8, concurrency: int = 8, results: Results | None = None,
+                 progress: bool = True) -> pd.DataFrame:
+    """Each tier answers the fact questions (greedy, a few in flight: answers
+    do not depend on timing) with per-token log-probs. One row per (tier,
+    question): the answer, whether it is correct, and the mean log-prob of its
+    first `probe_tokens` tokens (the router's confidence signal)."""
+    specs, expected = fact_specs(questions, max_tokens)
+    specs = [RequestSpec(messages=s.messages, max_tokens=s.max_tokens, tag="fact",
+                         extra={"logprobs": True}) for s in specs]
+    qs = quality_questions()
+    rows = []
+    for tier in TIERS:
+        run = measure(engines[tier], specs, Load.concurrent(concurrency),
+                      label=f"quality/{tier}", results=results, progress=progress, tier=tier)
+        for r in run.records:
+            rows.append({"tier": tier, "id": qs[r.index]["id"], "question": qs[r.index]["question"],
+                         "answer": r.text, "ok": r.ok,
+                         "correct": answer_is_correct(r.text, expected[r.index]),
+                         "confidence": confidence(r.logprobs, probe_tokens),
+                         "output_tokens": r.output_tokens})
+    return pd.DataFrame(rows)
+
+
+def answers_side_by_side(quality: pd.DataFrame) -> pd.DataFrame:
+    wide = quality.pivot(index=["id", "question"], columns="tier",
+                         values=["answer", "correct", "confidence"])
+    wide.columns = [f"{v} ({t})" for v, t in wide.columns]
+    return wide.reset_index()
+
+
+def threshold_sweep(quality: pd.DataFrame, thresholds: Sequence[float]) -> pd.DataFrame:
+    """What a probe at each threshold would do to the fact questions, composed
+    from the two tiers' measured greedy answers: the share escalated to the
+    large model and the share answered correctly by the mix."""
+    small = quality[quality.tier == SMALL].set_index("id")
+    large = quality[quality.tier == LARGE].set_index("id")
+    rows = [{"threshold": "no probe", "escalated_pct": 0.0,
+             "correct_pct": 100 * small.correct.mean()}]
+    for t in thresholds:
+        escalate = small.confidence < t
+        correct = np.where(escalate, large.correct.reindex(small.index), small.correct)
+        rows.append({"threshold": f"{t:g}", "escalated_pct": 100 * escalate.mean(),
+                     "correct_pct": 100 * np.mean(correct)})
+    rows.append({"threshold": "large only", "escalated_pct": 100.0,
+                 "correct_pct": 100 * large.correct.mean()})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------
+# Latency: the three arms on the mixed workload
+# --------------------------------------------------------------------------
+
+@dataclass
+class Arms:
+    work: Workload
+    rule: TierRule
+    runs: dict[str, Any]
+    small_counters: dict[str, float | None] = field(default_factory=dict)
+
+    def records(self) -> list[RequestRecord]:
+        return [r for run in self.runs.values() for r in run.records]
+
+    def frame(self) -> pd.DataFrame:
+        frames = []
+        for label, run in self.runs.items():
+            f = records_frame(run.records)
+            f["arm"] = label
+            f["task"] = [self.work.specs[r.index].tag for r in run.records]
+            f["tier"] = [tier_of(r) or (LARGE if label == "large only" else SMALL)
+                         for r in run.records]
+            f["route"] = [r.route for r in run.records]
+            f["correct"] = [answer_is_correct(r.text, self.work.expected[r.index])
+                            if self.work.expected[r.index] is not None else None
+                            for r in run.records]
+            frames.append(f)
+        return pd.concat(frames, ignore_index=True)
+
+
+def warm_up(engines: dict[str, Any]) -> None:
+    """One short request per tier (not a measured prompt), so neither arm
+    pays a fresh engine's first-request cost."""
+    from ..client import Client
+    warm = RequestSpec(messages=chat("Say hello."), max_tokens=4, tag="warm-up")
+    for engine in engines.values():
+        Client.for_engine(engine).run([warm], Load.sequential(), label="warm-up", progress=False)
+
+
+def run_arms(engines: dict[str, Any], work: Workload, rule: TierRule, *,
+             concurrency: int = 1, results: Results | None = None,
+             progress: bool = True, arms: Sequence[str] = ARMS) -> Arms:
+    """The workload on the large model, on the small one, and routed. Each arm
+    sends the same requests with the same load; the routed arm's counters are
+    read from both engines (vLLM's request and token counters show where the
+    requests really went)."""
+    load = Load.concurrent(concurrency) if concurrency > 1 else Load.sequential()
+    warm_up(engines)
+    runs: dict[str, Any] = {}
+    small_counters: dict[str, float | None] = {}
+    for label in arms:
+        if label == "large only":
+            runs[label] = measure(engines[LARGE], work.specs, load, label=label, results=results,
+                                  progress=progress, tier=LARGE)
+        elif label == "small only":
+            runs[label] = measure(engines[SMALL], work.specs, load, label=label, results=results,
+                                  progress=progress, tier=SMALL)
+        elif label == "routed":
+            client = TieredClient.for_engines(engines[SMALL], engines[LARGE],
+                                              router_for(engines[LARGE], rule))
+            before = scrape(engines[SMALL].base_url, engines[SMALL].api_key)
+            runs[label] = measure(engines[LARGE], work.specs, load, label=label,
+                                  results=results, progress=progress, client=client,
+                                  rule=rule.describe())
+            small_counters = delta(before, scrape(engines[SMALL].base_url,
+                                                  engines[SMALL].api_key))
+            runs[label].counters = {"large": runs[label].counters, "small": small_counters}
+            if results is not None:
+                results.data["arms"][label]["counters"] = runs[label].counters
+                results.save()
+        else:
+            raise ValueError(f"unknown arm {label!r}; choose from {ARMS}")
+    return Arms(work, rule, runs, small_counters)
+
+
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    if not v:
+        return {"p50": math.nan, "p90": math.nan, "p99": math.nan}
+    return {"p50": float(np.percentile(v, 50)), "p90": float(np.percentile(v, 90)),
+            "p99": float(np.percentile(v, 99))}
+
+
+def summary(arms: Arms) -> pd.DataFrame:
+    """Per arm: TTFT and TPOT percentiles (ms), share served by each model,
+    fact questions answered correctly."""
+    f = arms.frame()
+    rows = []
+    for label, g in f.groupby("arm", sort=False):
+        ok = g[g.ok]
+        row = {"arm": label, "requests": len(g), "failed": int((~g.ok).sum())}
+        for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            for stat, value in _stats(ok[metric]).items():
+                row[f"{metric.split('_')[0].upper()} {stat} (ms)"] = value
+        row["served by small (%)"] = 100 * (g.tier == SMALL).mean()
+        row["escalated (%)"] = 100 * (g.tier == f"{SMALL}->{LARGE}").mean()
+        scored = g.dropna(subset=["correct"])
+        row["facts correct (%)"] = 100 * scored.correct.astype(bool).mean() if len(scored) else \
+            math.nan
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("arm")
+
+
+def by_task(arms: Arms) -> pd.DataFrame:
+    """Median TTFT and TPOT per task and arm (ms), and the tier each task got."""
+    f = arms.frame()
+    f = f[f.ok]
+    out = f.groupby(["task", "arm"], sort=False).agg(
+        requests=("ttft_ms", "size"), ttft_ms=("ttft_ms", "median"),
+        tpot_ms=("tpot_ms", "median"),
+        tiers=("tier", lambda s: ", ".join(f"{k} {v}" for k, v in s.value_counts().items())))
+    return out.round(1)
+
+
+def mechanism(arms: Arms) -> pd.DataFrame:
+    """Where the routed arm's requests went, by the router's records and by
+    each engine's own counters (`vllm:request_success_total`; a probe the
+    router hung up on is aborted, so it is not a success, but its tokens are
+    in `vllm:generation_tokens_total`)."""
+    routed = arms.runs.get("routed")
+    if routed is None:
+        return pd.DataFrame()
+    tiers = pd.Series([tier_of(r) for r in routed.records])
+    counts = {LARGE: int((tiers == LARGE).sum()), SMALL: int((tiers == SMALL).sum()),
+              "escalated": int((tiers == f"{SMALL}->{LARGE}").sum())}
+    large_c, small_c = routed.counters.get("large", {}), routed.counters.get("small", {})
+    return pd.DataFrame([
+        {"engine": "large", "router sent (answers)": counts[LARGE] + counts["escalated"],
+         "vLLM requests succeeded": large_c.get("requests_success"),
+         "vLLM generation tokens": large_c.get("generation_tokens"),
+         "vLLM prompt tokens": large_c.get("prompt_tokens")},
+        {"engine": "small", "router sent (answers)": counts[SMALL],
+         "probes hung up": counts["escalated"],
+         "vLLM requests succeeded": small_c.get("requests_success"),
+         "vLLM generation tokens": small_c.get("generation_tokens"),
+         "vLLM prompt tokens": small_c.get("prompt_tokens")},
+    ]).set_index("engine")
+
+
+# --------------------------------------------------------------------------
+# Two engines on the same cores
+# --------------------------------------------------------------------------
+
+#: Where vLLM keeps an idle engine busy: a worker reading the shared-memory
+#: message queue spins (sched_yield) for `busy_loop_s` = 1 s after its last
+#: read before it sleeps on a socket.
+SPIN_SOURCE = "vllm/distributed/device_communicators/shm_broadcast.py (SpinCondition.wait)"
+
+
+def colocation_check(engines: dict[str, Any], *, repeats: int = 3, quiet_s: float = 2.0,
+                     small_tokens: int = 16) -> pd.DataFrame:
+    """The large engine's TTFT on a short chat request when the small engine
+    has been idle for `quiet_s` against right after the small engine answered
+    one request, and the CPU seconds the small engine's processes used in the
+    second after its request (local engines only). Every request is a
+    different question, so the prefix cache treats both cases alike."""
+    from ..client import Client
+    from .quantization import group_cpu_seconds
+    small_c, large_c = Client.for_engine(engines[SMALL]), Client.for_engine(engines[LARGE])
+    server = getattr(engines[SMALL], "server", None)
+    qs = chat_questions()
+    rows = []
+    for i in range(repeats):
+        q = [RequestSpec(messages=chat(qs[(3 * i + k) % len(qs)]["question"]), max_tokens=4,
+                         tag="probe") for k in range(3)]
+        small = RequestSpec(messages=q[1].messages, max_tokens=small_tokens, tag="small")
+        time.sleep(quiet_s)
+        quiet = large_c.run([q[0]], progress=False).records[0]
+        small_c.run([small], progress=False)
+        after = large_c.run([q[2]], progress=False).records[0]
+        spin = math.nan
+        if server is not None and server.proc is not None:
+            time.sleep(quiet_s)  # let the small engine go idle, then measure one request's tail
+            small_c.run([small], progress=False)
+            before = group_cpu_seconds(server.proc.pid)["server"]
+            time.sleep(1.0)
+            spin = group_cpu_seconds(server.proc.pid)["server"] - before
+        rows.append({"repeat": i, "large TTFT, small idle (ms)": quiet.ttft * 1e3,
+                     "large TTFT, right after a small request (ms)": after.ttft * 1e3,
+                     "small engine CPU s in the 1 s after its request": spin})
+    return pd.DataFrame(rows).set_index("repeat")
+
+
+# --------------------------------------------------------------------------
+# Findings and plots
+# --------------------------------------------------------------------------
+
+def model_name(engine) -> str:
+    """A short name for the model an engine serves (its folder or hub id)."""
+    path = getattr(engine, "model_path", None) or engine.model
+    return str(path).rstrip("/").split("/")[-1]
+
+
+def findings(arms: Arms, quality: pd.DataFrame | None = None,
+             small_model: str = "") -> list[dict[str, Any]]:
+    """`Results.add_finding` arguments: the routed mix against the large model
+    alone (TTFT and TPOT medians with bootstrap intervals, for the checklist),
+    the small tier alone as the upper bound, and the quality price."""
+    f = arms.frame()
+    f = f[f.ok]
+    get = {label: f[f.arm == label] for label in arms.runs}
+    table = summary(arms)
+    out = []
+    mech = mechanism(arms)
+    share = table.loc["routed", "served by small (%)"] if "routed" in table.index else math.nan
+    reason = f"{share:.0f}% of requests on the small tier"
+    if small_model:
+        reason += f" ({small_model})"
+    if quality is not None and len(quality):
+        pct = quality.groupby("tier").correct.mean() * 100
+        reason += (f"; facts correct: small {pct.get(SMALL, math.nan):.0f}%, "
+                   f"large {pct.get(LARGE, math.nan):.0f}%")
+    for metric, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms")):
+        base = get.get("large only")
+        if base is None:
+            continue
+        for label, tag in (("routed", f"model tiering:{metric.lower()}"), ("small only", None)):
+            if label not in get:
+                continue
+            treated = get[label]
+            out.append({
+                "technique": "model tiering", "metric": f"{metric} median, {label} (ms)",
+                "baseline": float(base[key].median()), "treated": float(treated[key].median()),
+                "article_claim": CLAIM,
+                "mechanism": (f"{share:.0f}% of requests answered by the small model; "
+                              f"vLLM's request_success counters: {_served(mech)}"
+                              if label == "routed" else "every request on the small model"),
+                "samples": (base[key].tolist(), treated[key].tolist()),
+                **({"checklist": tag, "reason": reason} if tag else {})})
+    if quality is not None and len(quality):
+        by_tier = quality.groupby("tier").correct.mean() * 100
+        routed_correct = table.loc["routed", "facts correct (%)"] if "routed" in table.index \
+            else math.nan
+        out.append({"technique": "model tiering", "metric": "fact questions correct (%)",
+                    "baseline": float(by_tier.get(LARGE, math.nan)),
+                    "treated": float(by_tier.get(SMALL, math.nan)),
+                    "article_claim": CLAIM + " (the article names no quality cost)",
+                    "mechanism": f"{int(quality.groupby('tier').size().iloc[0])} questions per "
+                                 f"tier, greedy; the routed mix's scored facts: "
+                                 f"{routed_correct:.0f}% correct"})
+    return out
+
+
+def _served(mech: pd.DataFrame) -> str:
+    if mech.empty:
+        return "not read"
+    return ", ".join(f"{engine} {value:.0f}" if value is not None and math.isfinite(value)
+                     else f"{engine} n/a"
+                     for engine, value in mech["vLLM requests succeeded"].items())
+
+
+def plot_latency(arms: Arms, title: str = "TTFT and TPOT per arm"):
+    from .. import plots
+    f = arms.frame()
+    f = f[f.ok].assign(label=lambda d: d.arm)
+    return plots.latency_distributions(f, metrics=("ttft_ms", "tpot_ms"), title=title)
+
+
+def plot_confidence(quality: pd.DataFrame, threshold: float | None = None,
+                    title: str = "The probe's signal: confidence of correct and wrong answers"):
+    """Strip plot of each answer's confidence (mean log-prob of its first
+    tokens), by tier and correctness, with the threshold if one is set."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    data = quality.assign(outcome=quality.correct.map({True: "correct", False: "wrong"}))
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    sns.stripplot(data=data, x="tier", y="confidence", hue="outcome", dodge=True, ax=ax,
+                  palette={"correct": "tab:green", "wrong": "tab:red"}, size=5, alpha=0.8)
+    if threshold is not None:
+        ax.axhline(threshold, color="black", ls="--", lw=1, label=f"threshold {threshold:g}")
+    ax.set_ylabel("mean log-prob of the first tokens (nats/token)")
+    ax.set_xlabel("tier")
+    ax.legend(loc="lower left", fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def explore(engines: dict[str, Any], work: Workload, baseline: Arms, **rule_kw: Any):
+    """Re-run the routed arm with another rule and show it beside the
+    notebook's large-only and small-only arms."""
+    rule = rule_from(**rule_kw)
+    routed = run_arms(engines, work, rule, arms=("routed",), progress=False)
+    both = Arms(work, rule, {**{k: v for k, v in baseline.runs.items() if k != "routed"},
+                             "routed": routed.runs["routed"]})
+    print(rule.describe())
+    return summary(both).round(1)
+
+
+__all__ = [
+    "ARMS",
+    "CLAIM",
+    "Arms",
+    "Workload",
+    "answers_side_by_side",
+    "by_task",
+    "colocation_check",
+    "explore",
+    "fact_specs",
+    "findings",
+    "mechanism",
+    "mixed_workload",
+    "model_name",
+    "plot_confidence",
+    "plot_latency",
+    "quality_pass",
+    "router_for",
+    "routing_plan",
+    "rule_from",
+    "run_arms",
+    "summary",
+    "threshold_sweep",
+    "tier_engines",
+]
