@@ -216,7 +216,7 @@ def test_records_frame_columns_and_ms():
     frame = records_frame(_records())
     assert list(frame.columns) == [
         "index", "label", "tag", "ok", "error", "send_time", "start", "prompt_tokens",
-        "output_tokens", "cached_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "itl_ms_max"]
+        "output_tokens", "cached_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "itl_ms_max", "route"]
     assert len(frame) == 4
     first = frame.iloc[0]
     assert first["ttft_ms"] == pytest.approx(100.0)
