@@ -224,6 +224,10 @@ def test_record_findings(tmp_path):
     assert "CPUInt8ScaledMMLinearKernel" in table.mechanism.iloc[0]
     saved = json.loads((tmp_path / "05_test.json").read_text())
     assert saved["findings"][0]["change_pct"] == pytest.approx((30.5 - 61) / 61 * 100)
+    # The INT8 arm answers the checklist's quantization row, once per metric.
+    tags = [f.get("checklist") for f in saved["findings"] if f.get("checklist")]
+    assert tags == ["quantization:tpot", "quantization:ttft"]
+    assert "W8A8" in saved["findings"][0]["reason"]
 
 
 def test_checkpoint_bytes(tmp_path):

@@ -919,10 +919,18 @@ def record_findings(results: Results, comparison: pd.DataFrame,
     (quantization method and linear kernel), the weight bytes and the worker's
     CPU share."""
     mem = memory.set_index("arm") if len(memory) else pd.DataFrame()
+    # The checklist's quantization row is answered by the first INT8 arm (the
+    # article's table has one row for quantization; INT8 is its first claim).
+    tagged = False
     for name, c in comparison.iterrows():
         a = arm(name)
         if not a.quantized:
             continue
+        row: dict[str, Any] = {}
+        if a.claim == "int8" and not tagged:
+            tagged = True
+            row = {"reason": f"{a.title} vs {c.reference}: {CPU_SUPPORT.get(name, '')}"
+                             if name in CPU_SUPPORT else f"{a.title} vs {c.reference}"}
         claim = CLAIMS[a.claim]
         m = mem.loc[name] if name in mem.index else {}
         evidence = (f"vLLM log: quantization={m.get('quantization', '?')}, dtype="
@@ -935,9 +943,11 @@ def record_findings(results: Results, comparison: pd.DataFrame,
                             verdict=claim_verdict(a.claim, c.ppl_change_pct,
                                                   compute_speedup=c.decode_cpu_speedup,
                                                   step_speedup=c.step_speedup,
-                                                  tpot_speedup=c.tpot_speedup))
+                                                  tpot_speedup=c.tpot_speedup),
+                            **({"checklist": "quantization:tpot", **row} if row else {}))
         results.add_finding(tech, "TTFT median (ms)", c.ttft_ms_ref, c.ttft_ms,
-                            article_claim=claim, mechanism=evidence)
+                            article_claim=claim, mechanism=evidence,
+                            **({"checklist": "quantization:ttft", **row} if row else {}))
         if _fmt(c.decode_cpu_ms, "f") != "?" and _fmt(c.decode_cpu_ms_ref, "f") != "?":
             share = (f"worker CPU share of the wall time {_fmt(c.cpu_share_ref, '.0%')} -> "
                      f"{_fmt(c.cpu_share, '.0%')} (well below 100%: other work on the machine "
