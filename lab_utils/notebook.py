@@ -65,9 +65,10 @@ class NotebookContext:
     results: Results
     params: dict[str, Any]
 
-    def engine(self, role: str | None = None, **flags: Any):
+    def engine(self, role: str | None = None, *, env: Mapping[str, str] | None = None,
+               **flags: Any):
         """Start (or reuse) the engine for these flags and print its command."""
-        engine = self.engines.get(role, **flags)
+        engine = self.engines.get(role, env=env, **flags)
         started = f", started in {engine.server.startup_s:.1f} s" if engine.server else ""
         print(f"[{engine.label}] {engine.command}{started}")
         return engine

@@ -333,18 +333,24 @@ class EnginePool:
         self._starts = 0
         _install_sigterm_handler()
 
-    def get(self, role: str | None = None, **flags: Any) -> Engine:
+    def get(self, role: str | None = None, *, env: Mapping[str, str] | None = None,
+            **flags: Any) -> Engine:
         """The engine for these technique flags (started if needed).
 
-        `role` picks another model of the profile (e.g. 'small', 'awq')."""
-        key = flags_label({**flags, **({"model_role": role} if role else {})})
+        `role` picks another model of the profile (e.g. 'small', 'awq');
+        `env` adds environment variables for this engine only (e.g.
+        VLLM_CPU_OMP_THREADS_BIND), on top of the profile's [env]."""
+        env = {str(k): str(v) for k, v in (env or {}).items()}
+        label = {**flags, **({"model_role": role} if role else {}),
+                 **{f"env:{k}": v for k, v in env.items()}}
+        key = flags_label(label)
         engine = self._engines.get(key)
         if engine is not None and (engine.server is None or engine.server.alive):
             return engine
         if self.profile.is_remote:
-            engine = self._remote(key, {**flags, **({"model_role": role} if role else {})})
+            engine = self._remote(key, label)
         else:
-            engine = self._start(key, role, flags)
+            engine = self._start(key, role, flags, env)
             engine.role = role
         self._engines[key] = engine
         return engine
@@ -364,7 +370,8 @@ class EnginePool:
         return Engine(p, dict(flags), url, model, api_key=p.api_key,
                       info={"cache_config": _cache_config(url, p.api_key)})
 
-    def _start(self, key: str, role: str | None, flags: dict[str, Any]) -> Engine:
+    def _start(self, key: str, role: str | None, flags: dict[str, Any],
+               env: Mapping[str, str] | None = None) -> Engine:
         p = self.profile
         running = [k for k, e in self._engines.items() if e.server and e.server.alive]
         while len(running) >= self.keep:
@@ -375,7 +382,7 @@ class EnginePool:
         digest = hashlib.sha1(" ".join(argv[4:]).encode()).hexdigest()[:8]
         self._starts += 1  # a fresh start with the same flags gets its own log
         log_path = self.log_dir / f"vllm-{self._starts:02d}-{digest}.log"
-        server = VLLMServer(argv, port=port, log_path=log_path, env=p.env,
+        server = VLLMServer(argv, port=port, log_path=log_path, env={**p.env, **(env or {})},
                             startup_timeout_s=p.startup_timeout_s,
                             served_model_name=p.served_model_name)
         server.start()
@@ -400,4 +407,7 @@ def flags_to_cli(profile: Profile, flags: Mapping[str, Any]) -> str:
     import shlex
 
     from .profiles import flags_to_args
-    return shlex.join(flags_to_args(flag_items(profile, flags)))
+    env = {k[4:]: v for k, v in flags.items() if k.startswith("env:")}
+    cli = shlex.join(flags_to_args(flag_items(
+        profile, {k: v for k, v in flags.items() if not k.startswith("env:")})))
+    return " ".join([*(f"{k}={shlex.quote(str(v))}" for k, v in env.items()), cli])

@@ -239,6 +239,14 @@ def test_gpu_quantized_variants(gpu, role, quantization, model):
     assert argv[-len(GPU_BASE) - len(tail):] == GPU_BASE + tail
 
 
+def test_gpu_small_tier_command(gpu):
+    # 11_model_tiering's small tier on the gpu profile: same family, own engine.
+    argv = engine_argv(gpu, {}, port=8002, model=gpu.model_for("small"), python="python",
+                       validate=False)
+    assert argv[4] == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert argv[-len(GPU_BASE):] == GPU_BASE
+
+
 def test_gpu_kv_cache_fp8(gpu):
     argv = engine_argv(gpu, {"kv_cache_dtype": "fp8"}, port=8000, python="python",
                        validate=False)

@@ -239,3 +239,37 @@ def test_threshold_sweep_composes_measured_answers():
     assert sweep.loc["-0.5", "escalated_pct"] == 50 and sweep.loc["-0.5", "correct_pct"] == 100
     assert sweep.loc["-0.1", "escalated_pct"] == 100 and sweep.loc["-0.1", "correct_pct"] == 50
     assert sweep.loc["large only", "correct_pct"] == 50
+
+
+# -- tiers on their own cores ---------------------------------------------------
+
+def test_split_core_env_gives_each_tier_half_the_cores():
+    assert tx.split_core_env([1, 0]) == {LARGE: {"VLLM_CPU_OMP_THREADS_BIND": "0"},
+                                         SMALL: {"VLLM_CPU_OMP_THREADS_BIND": "1"}}
+    assert tx.split_core_env(range(5))[SMALL] == {"VLLM_CPU_OMP_THREADS_BIND": "2,3,4"}
+    with pytest.raises(ConfigError, match="at least 2 cores"):
+        tx.split_core_env([0])
+
+
+def test_split_cores_refuses_a_remote_profile(monkeypatch, tmp_path):
+    from lab_utils.profiles import load_profile
+    from lab_utils.server import EnginePool
+
+    class Ctx:
+        profile = load_profile("remote", base_url="http://127.0.0.1:9")
+        engines = EnginePool(profile, log_dir=tmp_path)
+
+    with pytest.raises(ConfigError, match="split_cores = False"):
+        tx.tier_engines(Ctx(), split_cores=True)
+
+
+def test_a_remote_engine_with_env_names_the_server_to_map(monkeypatch, tmp_path):
+    from lab_utils.profiles import load_profile
+    from lab_utils.server import ArmUnavailable, EnginePool
+    monkeypatch.delenv("LAB_REMOTE_ARMS", raising=False)
+    pool = EnginePool(load_profile("remote", base_url="http://127.0.0.1:9"), log_dir=tmp_path)
+    with pytest.raises(ArmUnavailable) as err:
+        pool.get(env={"VLLM_CPU_OMP_THREADS_BIND": "0"})
+    text = str(err.value)
+    assert "VLLM_CPU_OMP_THREADS_BIND=0" in text and "--env" not in text
+    assert '"env:VLLM_CPU_OMP_THREADS_BIND=0"' in text  # the key to map in LAB_REMOTE_ARMS

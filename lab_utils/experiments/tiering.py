@@ -25,6 +25,7 @@ import pandas as pd
 from ..client import Load, RequestRecord, RequestSpec
 from ..counters import delta, scrape
 from ..metrics import records_frame
+from ..profiles import ConfigError
 from ..results import Results, measure
 from ..tiering import LARGE, SMALL, Router, TieredClient, TierRule, confidence, tier_of
 from ..workloads import (
@@ -45,10 +46,32 @@ ARMS = ("large only", "small only", "routed")
 # Engines and workload
 # --------------------------------------------------------------------------
 
-def tier_engines(ctx) -> dict[str, Any]:
-    """Both tiers' engines, running side by side (the pool keeps two)."""
+def split_core_env(cores: Sequence[int] | None = None) -> dict[str, dict[str, str]]:
+    """Per-tier `VLLM_CPU_OMP_THREADS_BIND`: the large tier gets the first half
+    of this process's cores, the small tier the rest."""
+    import os
+    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise ConfigError(f"split_cores needs at least 2 cores; this process may use {cores}")
+    half = len(cores) // 2
+    return {tier: {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in part)}
+            for tier, part in ((LARGE, cores[:half]), (SMALL, cores[half:]))}
+
+
+def tier_engines(ctx, split_cores: bool = False) -> dict[str, Any]:
+    """Both tiers' engines, running side by side (the pool keeps two). With
+    `split_cores` (cpu device) each engine's threads are bound to its own half
+    of the cores instead of both using all of them."""
     ctx.engines.keep = max(ctx.engines.keep, 2)
-    return {LARGE: ctx.engine(), SMALL: ctx.engine("small")}
+    env: dict[str, dict[str, str]] = {LARGE: {}, SMALL: {}}
+    if split_cores:
+        if ctx.profile.device != "cpu" or ctx.profile.is_remote:
+            raise ConfigError("split_cores binds vLLM's CPU threads (VLLM_CPU_OMP_THREADS_BIND); "
+                              f"profile {ctx.profile.name!r} is not a local CPU engine: "
+                              "set split_cores = False")
+        env = split_core_env()
+    return {LARGE: ctx.engine(env=env[LARGE] or None),
+            SMALL: ctx.engine("small", env=env[SMALL] or None)}
 
 
 @dataclass
@@ -484,6 +507,7 @@ __all__ = [
     "routing_plan",
     "rule_from",
     "run_arms",
+    "split_core_env",
     "summary",
     "threshold_sweep",
     "tier_engines",
