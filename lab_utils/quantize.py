@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import re
 import shutil
@@ -41,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .model import MARKER as SOURCE_MARKER
-from .model import MODEL_NAME, ModelError, ensure_embedded_model
+from .model import MODEL_NAME, ModelError, _file_digest, ensure_embedded_model
 from .paths import cache_dir
 
 #: Marker written last into a finished checkpoint folder.
@@ -309,14 +308,6 @@ def is_quantized_weight(name: str, tensor) -> bool:
 # --------------------------------------------------------------------------
 # Building and caching
 # --------------------------------------------------------------------------
-
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def _source_digest(source: Path) -> str:
     marker = source / SOURCE_MARKER

@@ -7,6 +7,7 @@ import time
 import pytest
 from fake_openai import FakeOpenAI
 
+from lab_utils.profiles import load_profile
 from lab_utils.server import orphan_servers
 
 
@@ -22,6 +23,17 @@ def server():
 def fake(server):
     server.reset()
     return server
+
+
+@pytest.fixture
+def cpu():
+    """The cpu profile (the embedded default)."""
+    return load_profile("cpu")
+
+
+@pytest.fixture
+def gpu():
+    return load_profile("gpu")
 
 
 def pytest_sessionfinish(session, exitstatus):

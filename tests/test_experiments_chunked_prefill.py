@@ -1,18 +1,15 @@
 """The pure logic of the chunked-prefill experiments: the schedule, the decode
 stall, the engine-step log parser, the arm flags (no engine needed)."""
-import itertools
 import math
 from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from stand_ins import word_tokenizer
 
 from lab_utils.client import Load, RequestRecord, Run
 from lab_utils.experiments import chunked_prefill as cp
 from lab_utils.profiles import check_known_options
-from lab_utils.workloads import Tokenizer
-
-_names = itertools.count()
 
 
 def rec(i, tag, start, ttft, e2e, itl=(), ok=True):
@@ -57,24 +54,8 @@ def test_schedule_without_shorts_and_bad_rates():
         cp.mixed_schedule(5, 0.0, [1.0])
 
 
-def word_tok():
-    """Whitespace words -> ids, a stand-in for the model's tokenizer."""
-    vocab, words = {}, []
-
-    def encode(text):
-        out = []
-        for w in text.split():
-            if w not in vocab:
-                vocab[w] = len(words)
-                words.append(w)
-            out.append(vocab[w])
-        return out
-
-    return Tokenizer(encode, lambda ids: " ".join(words[i] for i in ids), f"w-{next(_names)}")
-
-
 def test_mixed_workload_follows_the_schedule(monkeypatch):
-    monkeypatch.setattr(cp, "tokenizer_for", lambda engine: word_tok())
+    monkeypatch.setattr(cp, "tokenizer_for", lambda engine: word_tokenizer())
     wl = cp.mixed_workload(None, n_short=5, short_rate=2.0, long_at=(1.0, 4.0),
                            long_prompt_tokens=300, short_output_tokens=16, seed=1)
     assert wl.n_long == 2 and wl.n_short == 5 + 2

@@ -12,18 +12,12 @@ import pytest
 from lab_utils import derived_models
 from lab_utils.client import RequestRecord
 from lab_utils.experiments import speculative as sd
-from lab_utils.profiles import ConfigError, check_known_options, engine_argv, load_profile
-
-
-@pytest.fixture
-def cpu():
-    return load_profile("cpu")
-
-
-@pytest.fixture
-def gpu():
-    return load_profile("gpu")
-
+from lab_utils.profiles import (
+    ConfigError,
+    check_known_options,
+    engine_argv,
+    load_profile,
+)
 
 # --------------------------------------------------------------------------
 # Arms and flags

@@ -26,16 +26,6 @@ GPU_BASE = ["--dtype", "auto", "--tensor-parallel-size", "1", "--gpu-memory-util
             "--max-model-len", "16384", "--enable-prompt-tokens-details"]
 
 
-@pytest.fixture
-def cpu():
-    return load_profile("cpu")
-
-
-@pytest.fixture
-def gpu():
-    return load_profile("gpu")
-
-
 # --------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------

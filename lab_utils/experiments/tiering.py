@@ -24,7 +24,7 @@ import pandas as pd
 
 from ..client import Load, RequestRecord, RequestSpec
 from ..counters import delta, scrape
-from ..metrics import records_frame
+from ..metrics import percentile_stats, records_frame
 from ..profiles import ConfigError
 from ..results import Results, measure
 from ..tiering import LARGE, SMALL, Router, TieredClient, TierRule, confidence, tier_of
@@ -273,11 +273,9 @@ def run_arms(engines: dict[str, Any], work: Workload, rule: TierRule, *,
 
 
 def _stats(values: Sequence[float]) -> dict[str, float]:
-    v = [x for x in values if x is not None and math.isfinite(x)]
-    if not v:
-        return {"p50": math.nan, "p90": math.nan, "p99": math.nan}
-    return {"p50": float(np.percentile(v, 50)), "p90": float(np.percentile(v, 90)),
-            "p99": float(np.percentile(v, 99))}
+    """p50, p90, p99 of the finite values (already in ms)."""
+    s = percentile_stats([x for x in values if x is not None and math.isfinite(x)], scale=1.0)
+    return {"p50": s["median"], "p90": s["p90"], "p99": s["p99"]}
 
 
 def summary(arms: Arms) -> pd.DataFrame:
