@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternating rounds per tool; each tool reports the median of its rounds")
     ap.add_argument("--tolerance-pct", type=float, default=5.0)
     ap.add_argument("--out", type=Path, default=None, help="folder for the JSON result")
     args = ap.parse_args(argv)

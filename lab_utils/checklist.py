@@ -39,6 +39,19 @@ def improvement_pct(metric: str, baseline: float, treated: float) -> float:
     return (baseline - treated) / baseline * 100.0
 
 
+def improvement_ci(metric: str, change_ci95) -> list[float] | None:
+    """A finding's bootstrap interval of the change (%) read the way `measured`
+    is: a TTFT cut, or a TPOT speed-up (both increasing in the improvement)."""
+    if not change_ci95 or None in change_ci95:
+        return None
+    lo, hi = (float(x) for x in change_ci95)
+    if metric == "tpot":
+        if hi <= -100.0:
+            return None
+        return [100.0 / (1.0 + hi / 100.0) - 100.0, 100.0 / (1.0 + lo / 100.0) - 100.0]
+    return [-hi, -lo]
+
+
 @dataclass
 class Verdict:
     verdict: str
@@ -97,7 +110,7 @@ def checklist_table(results_dir: str | Path):
             "technique": row, "metric": metric.upper(),
             "claimed": f"{claim[0]:g}–{claim[1]:g}%" if claim[0] != claim[1] else f"{claim[0]:g}%",
             "measured": v.measured_pct, "verdict": v.verdict,
-            "change_ci95": ci, "effort": EFFORT.get(row, ""),
+            "measured_ci95": improvement_ci(metric, ci), "change_ci95": ci, "effort": EFFORT.get(row, ""),
             "notebook": (f or {}).get("notebook", "—"),
             "reason": (f or {}).get("reason") or _default_reason(f),
         })

@@ -72,23 +72,34 @@ def compare(base_url: str, model: str, tokenizer_path: str, *, n: int, input_len
             else:
                 res = lab_client(base_url, model, prompts, output_len, concurrency)
             per_tool[tool].append(res)
-    rows = []
-    for m in METRICS:
-        for stat in ("median", "p99"):
-            key = f"{stat}_{m}_ms"
-            b = float(np.mean([x[key] for x in per_tool["vllm_bench"]]))
-            ours = float(np.mean([x[key] for x in per_tool["lab_utils"]]))
-            rows.append({"metric": m, "stat": stat, "vllm_bench_ms": b, "lab_utils_ms": ours,
-                         "diff_pct": (ours - b) / b * 100 if b else float("nan")})
+    rows = summarize_rounds(per_tool)
     return {"workload": {"num_prompts": n, "input_len": input_len, "output_len": output_len,
                          "concurrency": concurrency, "rounds": rounds, "endpoint": "/v1/completions"},
             "rows": rows}
 
 
+def summarize_rounds(per_tool: dict[str, list[dict]]) -> list[dict]:
+    """One row per metric and statistic: each tool's value is the median of its
+    rounds (one round disturbed by other work on a small machine moves it less
+    than a mean would); the per-round values are kept beside it."""
+    rows = []
+    for m in METRICS:
+        for stat in ("median", "p99"):
+            key = f"{stat}_{m}_ms"
+            b_rounds = [float(x[key]) for x in per_tool["vllm_bench"]]
+            o_rounds = [float(x[key]) for x in per_tool["lab_utils"]]
+            b, ours = float(np.median(b_rounds)), float(np.median(o_rounds))
+            rows.append({"metric": m, "stat": stat, "vllm_bench_ms": b, "lab_utils_ms": ours,
+                         "diff_pct": (ours - b) / b * 100 if b else float("nan"),
+                         "vllm_bench_rounds_ms": b_rounds, "lab_utils_rounds_ms": o_rounds})
+    return rows
+
+
 def markdown(result: dict, tolerance: float) -> str:
     w = result["workload"]
     lines = [f"{w['num_prompts']} prompts x {w['rounds']} rounds, {w['input_len']} -> "
-             f"{w['output_len']} tokens, concurrency {w['concurrency']}", "",
+             f"{w['output_len']} tokens, concurrency {w['concurrency']}; each tool's value is the "
+             "median of its rounds", "",
              "| metric | stat | vllm bench serve (ms) | lab_utils (ms) | diff (%) |",
              "|---|---|---|---|---|"]
     for r in result["rows"]:

@@ -45,11 +45,11 @@ def _checklist_section(data: dict | None) -> list[str]:
     if not data or not data.get("checklist"):
         return []
     md = ["", "## The article's checklist, measured", "",
-          "| technique | metric | claimed | measured (%) | 95% CI of change (%) | verdict | notebook | reason |",
+          "| technique | metric | claimed | measured (%) | 95% CI of measured (%) | verdict | notebook | reason |",
           "|---|---|---|---|---|---|---|---|"]
     for r in data["checklist"]:
-        ci = r.get("change_ci95")
-        ci_text = f"{ci[0]:+.0f} … {ci[1]:+.0f}" if ci and None not in ci else "–"
+        ci = r.get("measured_ci95")
+        ci_text = f"{ci[0]:.0f} … {ci[1]:.0f}" if ci and None not in ci else "–"
         md.append(f"| {r['technique']} | {r['metric']} | {r['claimed']} | {_fmt(r.get('measured'))} "
                   f"| {ci_text} | {r['verdict']} | {r.get('notebook', '')} | {r.get('reason', '')} |")
     md += ["", "![summary](results/checklist_summary.png)"]

@@ -2,7 +2,7 @@
 import json
 import math
 
-from lab_utils.checklist import ARTICLE_TABLE, checklist_table, improvement_pct, judge
+from lab_utils.checklist import ARTICLE_TABLE, checklist_table, improvement_ci, improvement_pct, judge
 
 
 def test_improvement_reads_the_claims_like_the_article():
@@ -43,11 +43,44 @@ def test_report_shows_checklist_and_crosscheck(tmp_path):
         "notebook": "12_checklist", "findings": [],
         "checklist": [{"technique": "prefix caching", "metric": "TTFT", "claimed": "40–60%",
                        "measured": 90.0, "verdict": "confirmed", "change_ci95": [-95.0, -85.0],
+                       "measured_ci95": [85.0, 95.0],
                        "notebook": "02_prefix_caching", "reason": "cpu"}],
         "crosscheck": {"rows": [{"metric": "ttft", "stat": "median", "vllm_bench_ms": 100.0,
                                  "lab_utils_ms": 101.0, "diff_pct": 1.0}]}}))
     md, html = build_index(tmp_path)
     text = md.read_text()
-    assert "| prefix caching | TTFT | 40–60% | 90 | -95 … -85 | confirmed |" in text
+    assert "| prefix caching | TTFT | 40–60% | 90 | 85 … 95 | confirmed |" in text
     assert "vllm bench serve" in text and "+1.0" in text
     assert "<img" in html.read_text()
+
+
+def test_improvement_interval_reads_like_measured():
+    # TTFT: a change of -60 … -40 % is a cut of 40 … 60 %
+    assert improvement_ci("ttft", [-60.0, -40.0]) == [40.0, 60.0]
+    # TPOT: a change of -50 … -20 % is a speed-up of 25 … 100 %
+    lo, hi = improvement_ci("tpot", [-50.0, -20.0])
+    assert abs(lo - 25.0) < 1e-9 and abs(hi - 100.0) < 1e-9
+    # the point estimate lies inside its interval, read the same way
+    assert lo < improvement_pct("tpot", 30.0, 20.0) < hi
+    assert improvement_ci("ttft", None) is None and improvement_ci("tpot", [None, 1.0]) is None
+
+
+def test_crosscheck_takes_the_median_of_rounds():
+    from lab_utils.crosscheck import METRICS, markdown, summarize_rounds
+
+    def round_(ttft, tpot):
+        return {f"{s}_{m}_ms": {"ttft": ttft, "tpot": tpot}.get(m, 10.0)
+                for m in METRICS for s in ("median", "p99")}
+    # one disturbed vllm bench round (TPOT 40 ms) among three does not move the result
+    rows = summarize_rounds({"vllm_bench": [round_(100, 30), round_(100, 40), round_(104, 31)],
+                             "lab_utils": [round_(101, 31), round_(99, 30), round_(100, 31)]})
+    by = {(r["metric"], r["stat"]): r for r in rows}
+    assert by[("tpot", "median")]["vllm_bench_ms"] == 31 and by[("tpot", "median")]["diff_pct"] == 0
+    assert by[("ttft", "median")]["vllm_bench_rounds_ms"] == [100, 100, 104]
+    assert by[("ttft", "median")]["diff_pct"] == 0
+    text = markdown({"workload": {"num_prompts": 4, "rounds": 3, "input_len": 8, "output_len": 4,
+                                  "concurrency": 1}, "rows": rows}, 5.0)
+    assert "median of its rounds" in text and "⚠" not in text
+    rows[0]["diff_pct"] = 6.0
+    assert "⚠" in markdown({"workload": {"num_prompts": 4, "rounds": 3, "input_len": 8,
+                                         "output_len": 4, "concurrency": 1}, "rows": rows}, 5.0)

@@ -228,6 +228,23 @@ def test_record_findings(tmp_path):
     tags = [f.get("checklist") for f in saved["findings"] if f.get("checklist")]
     assert tags == ["quantization:tpot", "quantization:ttft"]
     assert "W8A8" in saved["findings"][0]["reason"]
+    assert "change_ci95" not in saved["findings"][0]  # no per-request samples given
+
+
+def test_record_findings_with_latency_samples(tmp_path):
+    from lab_utils.results import Results
+    frames = _frames()
+    res = Results("05_test", tmp_path)
+    q.record_findings(res, q.compare(q.summarize(frames)), frames["memory"],
+                      latency=frames["latency"])
+    by_metric = {f["metric"]: f for f in res.data["findings"]}
+    tpot, ttft = by_metric["TPOT median (ms)"], by_metric["TTFT median (ms)"]
+    # every resample of 2 vs 2 requests is at least 48% faster: TPOT 60-62 -> 30-31 ms
+    assert tpot["n_samples"] == [2, 2] and tpot["change_ci95"][1] < -45
+    assert tpot["significant"] is True
+    assert ttft["change_ci95"][0] <= ttft["change_pct"] <= ttft["change_ci95"][1]
+    # the other metrics have no per-request samples
+    assert "change_ci95" not in by_metric["perplexity of the fixed text"]
 
 
 def test_checkpoint_bytes(tmp_path):

@@ -912,13 +912,22 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 def record_findings(results: Results, comparison: pd.DataFrame,
-                    memory: pd.DataFrame) -> pd.DataFrame:
+                    memory: pd.DataFrame, latency: pd.DataFrame | None = None) -> pd.DataFrame:
     """Findings per quantized arm against its reference: TPOT, TTFT, worker
     compute per decode step and per prefill (CPU profile), checkpoint size,
     perplexity and answer agreement; the mechanism cites vLLM's log
     (quantization method and linear kernel), the weight bytes and the worker's
-    CPU share."""
+    CPU share. With `latency` (per-request rows: arm, ok, ttft_ms, tpot_ms) the
+    TTFT and TPOT findings carry a bootstrap interval of their change."""
     mem = memory.set_index("arm") if len(memory) else pd.DataFrame()
+
+    def samples(metric: str, name: str, ref: str) -> tuple | None:
+        if latency is None or latency.empty:
+            return None
+        ok = latency[latency.ok.astype(bool)]
+        pair = tuple(ok.loc[ok.arm == n, metric].dropna().to_numpy() for n in (ref, name))
+        return pair if all(len(v) >= 2 for v in pair) else None
+
     # The checklist's quantization row is answered by the first INT8 arm (the
     # article's table has one row for quantization; INT8 is its first claim).
     tagged = False
@@ -940,6 +949,7 @@ def record_findings(results: Results, comparison: pd.DataFrame,
         tech = f"quantization: {a.title} vs {c.reference}"
         results.add_finding(tech, "TPOT median (ms)", c.tpot_ms_ref, c.tpot_ms,
                             article_claim=claim, mechanism=evidence,
+                            samples=samples("tpot_ms", name, c.reference),
                             verdict=claim_verdict(a.claim, c.ppl_change_pct,
                                                   compute_speedup=c.decode_cpu_speedup,
                                                   step_speedup=c.step_speedup,
@@ -947,6 +957,7 @@ def record_findings(results: Results, comparison: pd.DataFrame,
                             **({"checklist": "quantization:tpot", **row} if row else {}))
         results.add_finding(tech, "TTFT median (ms)", c.ttft_ms_ref, c.ttft_ms,
                             article_claim=claim, mechanism=evidence,
+                            samples=samples("ttft_ms", name, c.reference),
                             **({"checklist": "quantization:ttft", **row} if row else {}))
         if _fmt(c.decode_cpu_ms, "f") != "?" and _fmt(c.decode_cpu_ms_ref, "f") != "?":
             share = (f"worker CPU share of the wall time {_fmt(c.cpu_share_ref, '.0%')} -> "
