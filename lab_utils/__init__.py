@@ -10,6 +10,7 @@
 from .client import Client, Load, RequestRecord, RequestSpec, Run
 from .counters import delta as counter_delta
 from .counters import scrape as scrape_counters
+from .machine import machine_info
 from .metrics import SLO, change_pct, percentile_stats, records_frame, summarize, tpot
 from .monitor import LatencyMonitor
 from .notebook import NotebookContext, explore, setup
@@ -57,8 +58,10 @@ __all__ = [
     "explore",
     "load_profile",
     "long_documents",
+    "machine_info",
     "measure",
     "percentile_stats",
+    "capabilities",
     "plots",
     "quality_questions",
     "records_frame",
@@ -74,8 +77,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # Plotting pulls in matplotlib/seaborn: load it only when asked for.
-    if name == "plots":
+    # Plotting pulls in matplotlib/seaborn, the probe pandas: load them when asked for.
+    if name in ("plots", "capabilities"):
         import importlib
-        return importlib.import_module(".plots", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(name)

@@ -43,10 +43,23 @@ class Profile:
     models: Mapping[str, str]       # other roles: draft, small, awq, ...
     api_key_env: str = ""
     base_url: str = ""              # remote only
+    #: cpu only: thread binding and preloads (`lab_utils.cpu_tuning.binding_env`
+    #: keywords: bind, tcmalloc, iomp), measured by benchmarks/thread_binding.py
+    cpu_binding: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def is_remote(self) -> bool:
         return self.kind == "remote"
+
+    def server_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment a local server of this profile starts with: the
+        `cpu_binding` variables, then the profile's [env], then `extra` (a
+        per-engine override such as VLLM_CPU_OMP_THREADS_BIND wins)."""
+        env: dict[str, str] = {}
+        if self.cpu_binding:
+            from .cpu_tuning import profile_binding_env
+            env.update(profile_binding_env(self.cpu_binding))
+        return {**env, **self.env, **{str(k): str(v) for k, v in (extra or {}).items()}}
 
     @property
     def api_key(self) -> str | None:
@@ -122,6 +135,13 @@ def load_profile(name: str = "cpu", *, base_url: str = "", **engine_overrides: A
     data.setdefault("engine", {})
     data.setdefault("env", {})
     data.setdefault("models", {})
+    data.setdefault("cpu_binding", {})
+    if data["cpu_binding"] and data.get("device") != "cpu":
+        raise ConfigError(f"{path}: [cpu_binding] applies to device = 'cpu' only")
+    bad = set(data["cpu_binding"]) - {"bind", "tcmalloc", "iomp"}
+    if bad:
+        raise ConfigError(f"{path}: unknown [cpu_binding] keys {sorted(bad)}; allowed: "
+                          "bind ('auto', 'all' or a CPU list), tcmalloc, iomp (true/false)")
     data["engine"] = {**data["engine"], **engine_overrides}
     data["env"] = {k: str(v) for k, v in data["env"].items()}
     if data.get("kind") == "remote":

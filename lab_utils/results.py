@@ -11,8 +11,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
-import platform
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 
 from .client import Client, Load, RequestSpec, Run
 from .counters import delta, scrape
+from .machine import machine_info
 from .metrics import SLO, bootstrap_change_pct, change_pct
 from .server import ServerError
 
@@ -42,14 +41,13 @@ def _clean(value: Any) -> Any:
 
 
 def environment(engine=None) -> dict[str, Any]:
-    """Device, versions and host facts for the results file."""
-    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
-                           "cpu_count": os.cpu_count(), "hostname": platform.node()}
-    try:
-        from .profiles import vllm_version
-        env["vllm_version"] = vllm_version()
-    except Exception:
-        env["vllm_version"] = None
+    """Device, versions and host facts for the results file; `machine` names the
+    CPU, its ISA extensions, memory, cores and the engine's thread binding."""
+    local_env = engine.server.env if engine is not None and engine.server is not None else None
+    machine = machine_info(local_env)
+    env: dict[str, Any] = {k: machine[k] for k in ("python", "platform", "cpu_count", "hostname",
+                                                   "vllm_version")}
+    env["machine"] = machine
     if engine is not None:
         env.update(profile=engine.profile.name, device=engine.profile.device,
                    model=engine.model_path or engine.model, served_model_name=engine.model)
@@ -116,6 +114,12 @@ class Results:
             finding.update(change_ci95=[lo, hi], n_samples=[len(samples[0]), len(samples[1])],
                            significant=bool(lo > 0 or hi < 0) if math.isfinite(lo) else None)
         if checklist is not None:
+            from .checklist import ARTICLE_TABLE
+            row, _, metric = checklist.rpartition(":")
+            if (row, metric) not in ARTICLE_TABLE:
+                rows = sorted(f"{r}:{m}" for r, m in ARTICLE_TABLE)
+                raise ValueError(f"checklist={checklist!r} is not a row of the article's table; "
+                                 f"use one of {rows} (or leave checklist out)")
             finding["checklist"] = checklist
         self.data["findings"].append(finding)
         self.save()

@@ -286,10 +286,19 @@ class Engine:
         return flags_label({**self.flags, **({"model_role": self.role} if self.role else {})})
 
     def describe(self) -> dict[str, Any]:
+        """The engine for the results file; `binding` is the thread binding vLLM
+        applied, read from a local server's log (None when remote)."""
+        from .machine import parse_engine_binding
+        binding = None
+        if self.server is not None:
+            binding = {}
+            with contextlib.suppress(OSError):
+                binding = parse_engine_binding(self.server.log_path.read_text(errors="replace"))
         return {"label": self.label, "flags": self.flags, "command": self.command,
                 "base_url": self.base_url, "model": self.model,
                 "startup_s": self.server.startup_s if self.server else None,
-                "log": str(self.server.log_path) if self.server else None, **self.info}
+                "log": str(self.server.log_path) if self.server else None,
+                "binding": binding, **self.info}
 
 
 def flags_label(flags: Mapping[str, Any]) -> str:
@@ -382,7 +391,7 @@ class EnginePool:
         digest = hashlib.sha1(" ".join(argv[4:]).encode()).hexdigest()[:8]
         self._starts += 1  # a fresh start with the same flags gets its own log
         log_path = self.log_dir / f"vllm-{self._starts:02d}-{digest}.log"
-        server = VLLMServer(argv, port=port, log_path=log_path, env={**p.env, **(env or {})},
+        server = VLLMServer(argv, port=port, log_path=log_path, env=p.server_env(env),
                             startup_timeout_s=p.startup_timeout_s,
                             served_model_name=p.served_model_name)
         server.start()

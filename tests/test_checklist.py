@@ -2,6 +2,8 @@
 import json
 import math
 
+import pytest
+
 from lab_utils.checklist import ARTICLE_TABLE, checklist_table, improvement_ci, improvement_pct, judge
 
 
@@ -84,3 +86,14 @@ def test_crosscheck_takes_the_median_of_rounds():
     rows[0]["diff_pct"] = 6.0
     assert "⚠" in markdown({"workload": {"num_prompts": 4, "rounds": 3, "input_len": 8,
                                          "output_len": 4, "concurrency": 1}, "rows": rows}, 5.0)
+
+
+def test_add_finding_rejects_a_tag_that_is_not_a_row_of_the_article(tmp_path):
+    from lab_utils.results import Results
+    r = Results("x", tmp_path)
+    r.add_finding("prefix caching", "TTFT", 100.0, 40.0, "40-60%", "hits",
+                  checklist="prefix caching:ttft")
+    for bad in ("prefix caching:tpot", "prefix-caching:ttft", "speculative decoding", "ttft"):
+        with pytest.raises(ValueError, match="not a row of the article's table"):
+            r.add_finding("t", "m", 1.0, 2.0, "c", "m", checklist=bad)
+    assert [f["checklist"] for f in r.data["findings"]] == ["prefix caching:ttft"]

@@ -74,6 +74,6 @@ def test_bootstrap_interval_separates_a_real_effect_from_noise():
 def test_finding_with_samples_records_interval(tmp_path):
     res = Results("nb", tmp_path, "cpu")
     f = res.add_finding("t", "m", 100.0, 50.0, "claim", "mech",
-                        samples=([100, 101, 99, 100], [50, 51, 49, 50]), checklist="x:ttft")
-    assert f["significant"] is True and f["checklist"] == "x:ttft"
+                        samples=([100, 101, 99, 100], [50, 51, 49, 50]), checklist="prefix caching:ttft")
+    assert f["significant"] is True and f["checklist"] == "prefix caching:ttft"
     assert f["change_ci95"][1] < 0

@@ -84,3 +84,31 @@ __all__ = [
     "tpot_vs_output_and_concurrency",
     "ttft_vs_prompt_length",
 ]
+
+
+def engine_binding(engine) -> pd.DataFrame:
+    """Which cores the engine's worker computes on, as vLLM applied it (its own
+    log) beside the environment the lab started it with and the machine's
+    cores; for a remote server only what the lab knows (nothing of its cores)."""
+    import os
+    from pathlib import Path
+
+    from ..cpu_tuning import describe_env
+    from ..machine import parse_engine_binding
+    rows = {"cores this process may use": len(os.sched_getaffinity(0))}
+    if engine.server is None:
+        rows["engine"] = f"remote server at {engine.base_url}: its binding is its own"
+        return pd.Series(rows, name="value").to_frame()
+    try:
+        got = parse_engine_binding(Path(engine.server.log_path).read_text(errors="replace"))
+    except OSError:
+        got = {}
+    env = engine.server.env
+    rows.update({
+        "lab's setting (profile [cpu_binding] + [env])": describe_env(env),
+        "VLLM_CPU_OMP_THREADS_BIND (vLLM)": got.get("bind", "?"),
+        "worker core ids (vLLM)": got.get("core_ids", "?"),
+        "reserved for the engine core (vLLM)": got.get("reserved_cpus", "?"),
+        "torch threads in the worker (vLLM)": got.get("torch_threads", "?"),
+        "LD_PRELOAD": env.get("LD_PRELOAD", "") or "(none)"})
+    return pd.Series({k: str(v) for k, v in rows.items()}, name="value").to_frame()

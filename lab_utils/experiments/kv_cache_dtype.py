@@ -46,7 +46,7 @@ from ..client import Load, RequestSpec
 from ..counters import scrape
 from ..profiles import ConfigError, Profile
 from ..results import Results, measure
-from ..server import ArmUnavailable, EnginePool
+from ..server import ArmUnavailable, EnginePool, ServerError
 from ..workloads import (
     answer_is_correct,
     chat,
@@ -568,6 +568,17 @@ class ArmsResult:
         return list(self.capacity.index)
 
 
+def runnable_here(profile: Profile, kv_cache_dtype: str) -> str:
+    """"" if this machine can run `kv_cache_dtype`, else the reason. On the cpu
+    profile an fp8 dtype is checked by this machine's capability probe
+    (`lab_utils.capabilities`, candidate "kv_fp8"): vLLM's CPU backend runs an
+    fp8 KV cache only on x86 with AVX-512 or AMX."""
+    if not kv_cache_dtype.startswith("fp8") or profile.device != "cpu" or profile.is_remote:
+        return ""
+    from .. import capabilities
+    return capabilities.probe(profile, ["kv_fp8"]).reason("kv_fp8")
+
+
 def run_arms(ctx, kv_dtypes: Sequence[str] = ("auto", "fp8"), *, kv_cache_gib: float = 0.0625,
              max_model_len: int = 1024, single_prompt_tokens: int = 256,
              single_output_tokens: int = 32, single_repeats: int = 3, quality_tokens: int = 768,
@@ -580,11 +591,16 @@ def run_arms(ctx, kv_dtypes: Sequence[str] = ("auto", "fp8"), *, kv_cache_gib: f
     questions = quality_questions()[:n_questions]
     for arm in kv_dtypes:
         try:
+            why_not = runnable_here(ctx.profile, arm)
+            if why_not:
+                raise ArmUnavailable(why_not)
             engine = ctx.engine(**arm_flags(arm, out.budget_bytes, max_model_len))
-        except ArmUnavailable as exc:
-            ctx.results.note(f"arm {arm!r} skipped: {exc}")
-            print(f"arm {arm!r} skipped: {exc}")
+        except (ArmUnavailable, ServerError) as exc:
+            msg = f"arm {arm!r} skipped: {str(exc).splitlines()[0]}"
+            ctx.results.note(msg)
+            print(msg)
             out.skipped.append(arm)
+            ctx.engines.close()  # a server that failed to start leaves nothing behind
             continue
         cap.append(capacity_row(engine, arm, out.budget_bytes))
         warm_up(engine)

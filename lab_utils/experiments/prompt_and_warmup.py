@@ -23,6 +23,7 @@ from ..client import Load, RequestSpec, Run
 from ..metrics import summarize
 from ..results import Results, measure
 from ..server import ArmUnavailable
+from ..vllm_logs import latest_start
 from ..workloads import chat, chat_questions, system_prompts
 
 #: System prompts by name: the dataset's verbose and compact forms, or none.
@@ -98,7 +99,6 @@ def prefix_caching_of(engine) -> bool | None:
     return str(value).lower() == "true"
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STAMP = re.compile(r"\b(\d\d-\d\d \d\d:\d\d:\d\d)\b")
 
 #: (event, pattern, group holding the duration vLLM reports itself, if any)
@@ -114,13 +114,6 @@ STARTUP_EVENTS = (
     ("HTTP server listening", r"Starting vLLM server on", None),
 )
 
-
-def latest_start(log_text: str) -> str:
-    """The part of a server log written by its latest start (a restart with
-    the same flags appends to the same file after a `$ command` line)."""
-    lines = _ANSI.sub("", log_text).splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith("$ ")]
-    return "\n".join(lines[starts[-1]:] if starts else lines)
 
 
 def startup_events(log_text: str, launched_at: _dt.datetime | None = None) -> pd.DataFrame:

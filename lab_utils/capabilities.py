@@ -1,0 +1,320 @@
+"""What this machine's vLLM build can run, measured rather than assumed.
+
+vLLM's CPU wheel carries different kernels for different instruction sets: on
+an AVX2-only x86 CPU there is no fp8 KV cache ("FP8 KV cache on CPU requires
+x86 with AVX-512 or AMX") and no 4-bit GEMM (`cpu_gemm_wna16` is missing), and
+bfloat16 falls back from oneDNN to torch's slow path. A table written on one
+machine is wrong on the next, so each *candidate* (a dtype, a quantized
+checkpoint format, the fp8 KV cache, a speculative method) is probed here: a
+tiny engine start (512-token context, 64 MiB KV cache) and a few requests —
+one greedy question whose answer is checked, and timed requests for the speed
+of the path. Results are cached per machine fingerprint (CPU model, ISA,
+cores, vLLM and torch versions, `lab_utils.machine.fingerprint`) under
+`<cache>/capabilities/`, so each candidate is probed once per machine.
+
+    python -m lab_utils.capabilities                 # probe every candidate, print the table
+    python -m lab_utils.capabilities kv_fp8 w4a16_bf16 --refresh
+
+Notebooks call `probe(profile, names)` for the candidates their default arms
+need; an arm whose candidate did not run is skipped with the probe's reason.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .paths import cache_dir
+from .profiles import ConfigError, Profile, load_profile
+
+#: The question every candidate answers greedily, and what the answer must contain.
+QUESTION = "What is the capital of France?"
+EXPECT = "paris"
+#: Timed requests per candidate: prompt tokens, output tokens, how many.
+TIMED_PROMPT_TOKENS, TIMED_OUTPUT_TOKENS, TIMED_REQUESTS = 256, 16, 3
+#: Engine flags of every probe on top of the profile's: small and quick.
+PROBE_FLAGS = {"max_model_len": 512, "kv_cache_memory_bytes": 64 * 2**20}
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One thing a vLLM build may or may not run. `model` is a profile model
+    reference (None = the profile's main model; "quantized:<recipe>" and
+    "embedded-<N>L" are built offline by the lab); `draft` likewise names the
+    draft model of a speculative candidate."""
+    name: str
+    kind: str                       # dtype | quantization | kv_cache | speculative
+    title: str
+    flags: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    model: str | None = None
+    draft: str | None = None
+
+
+_BF16 = {"dtype": "bfloat16"}
+_F32 = {"dtype": "float32"}
+
+CANDIDATES: dict[str, Candidate] = {c.name: c for c in (
+    Candidate("float32", "dtype", "float32 weights and activations", dict(_F32)),
+    Candidate("bfloat16", "dtype", "bfloat16 weights and activations", dict(_BF16)),
+    Candidate("w8a8", "quantization", "W8A8-INT8 checkpoint (compressed-tensors), float32",
+              dict(_F32), model="quantized:w8a8"),
+    Candidate("w8a8_bf16", "quantization", "W8A8-INT8 checkpoint (compressed-tensors), bfloat16",
+              dict(_BF16), model="quantized:w8a8"),
+    Candidate("w4a16", "quantization", "W4A16-INT4 checkpoint (compressed-tensors), float32",
+              dict(_F32), model="quantized:w4a16"),
+    Candidate("w4a16_bf16", "quantization",
+              "W4A16-INT4 checkpoint (compressed-tensors), bfloat16", dict(_BF16),
+              model="quantized:w4a16"),
+    Candidate("gptq_w4_bf16", "quantization", "GPTQ-format INT4 checkpoint, bfloat16",
+              {**_BF16, "quantization": "gptq"}, model="quantized:gptq_w4"),
+    Candidate("awq_w4_bf16", "quantization", "AWQ-format INT4 checkpoint, bfloat16",
+              {**_BF16, "quantization": "awq"}, model="quantized:awq_w4"),
+    Candidate("gptq_w8_bf16", "quantization", "GPTQ-format INT8 checkpoint, bfloat16",
+              {**_BF16, "quantization": "gptq"}, model="quantized:gptq_w8"),
+    Candidate("w8a16_bf16", "quantization", "W8A16-INT8 checkpoint (compressed-tensors), bfloat16",
+              dict(_BF16), model="quantized:w8a16"),
+    Candidate("int8_online_bf16", "quantization",
+              "online INT8 weight-only (int8_per_channel_weight_only), bfloat16",
+              {**_BF16, "quantization": "int8_per_channel_weight_only"}),
+    Candidate("fp8_online_bf16", "quantization", "online FP8 per channel, bfloat16",
+              {**_BF16, "quantization": "fp8_per_channel"}),
+    Candidate("kv_fp8", "kv_cache", "fp8 KV cache (--kv-cache-dtype fp8), float32",
+              {**_F32, "kv_cache_dtype": "fp8"}),
+    Candidate("ngram", "speculative", "n-gram speculative decoding (k=4)",
+              {**_F32, "speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+                                              "prompt_lookup_max": 4, "prompt_lookup_min": 2}}),
+    Candidate("draft", "speculative", "draft-model speculative decoding (6-layer cut, k=2)",
+              dict(_F32), draft="embedded-6L"),
+)}
+
+
+def candidate(name: str) -> Candidate:
+    try:
+        return CANDIDATES[name]
+    except KeyError:
+        raise ConfigError(f"unknown capability {name!r}; choose from {sorted(CANDIDATES)}") from None
+
+
+# --------------------------------------------------------------------------
+# The cache
+# --------------------------------------------------------------------------
+
+def cache_path(fingerprint: str | None = None) -> Path:
+    """`<cache>/capabilities/<machine fingerprint>.json`."""
+    from .machine import fingerprint as machine_fingerprint
+    return cache_dir() / "capabilities" / f"{fingerprint or machine_fingerprint()}.json"
+
+
+def load_cache(path: Path) -> dict[str, dict]:
+    try:
+        return json.loads(path.read_text()).get("results", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def save_cache(path: Path, results: Mapping[str, dict]) -> None:
+    from .machine import machine_info, summary_line
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"machine": summary_line(machine_info()),
+                               "results": dict(results)}, indent=2))
+    tmp.replace(path)  # a probe interrupted mid-write keeps the previous file
+
+
+# --------------------------------------------------------------------------
+# One probe
+# --------------------------------------------------------------------------
+
+def probe_profile(profile: Profile, c: Candidate) -> Profile:
+    """The profile a candidate's probe engine uses: the profile's flags and env,
+    the candidate's model as role "probe", small context and KV cache."""
+    models = dict(profile.models)
+    if c.model is not None:
+        models["probe"] = c.model
+    if c.draft is not None:
+        models["probe_draft"] = c.draft
+    env = {k: v for k, v in profile.env.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    return dataclasses.replace(profile, models=models, env=env,
+                               engine={**profile.engine, **PROBE_FLAGS})
+
+
+def _flags(profile: Profile, c: Candidate) -> dict[str, Any]:
+    flags = dict(c.flags)
+    if c.draft is not None:
+        flags["speculative_config"] = {"model": profile.model_for("probe_draft"),
+                                       "num_speculative_tokens": 2}
+    return flags
+
+
+def probe_one(profile: Profile, c: Candidate, log_dir: Path) -> dict[str, Any]:
+    """Start the candidate's engine, ask the question, time a few requests.
+
+    Status: "ok" (right answer), "wrong answer", "fails" (the engine did not
+    start or a request failed: `reason` is the root cause from its log) or
+    "refused" (the lab's own flag checks stop it before launch)."""
+    from .client import Client, Load
+    from .server import EnginePool, ServerError
+    from .vllm_logs import parse_server_log, root_cause
+    from .workloads import chat, local_tokenizer, synthetic_specs
+
+    row: dict[str, Any] = {"title": c.title, "kind": c.kind,
+                           "probed": _dt.datetime.now().isoformat(timespec="seconds")}
+    t0 = time.perf_counter()
+    p = probe_profile(profile, c)
+    pool = EnginePool(p, log_dir=log_dir / c.name)
+    try:
+        flags = _flags(p, c)
+        engine = pool.get("probe" if c.model else None, **flags)
+        row["startup_s"] = round(engine.server.startup_s, 1)
+        client = Client.for_engine(engine, timeout_s=120)
+        import urllib.request
+        body = json.dumps({"model": engine.model, "messages": chat(QUESTION), "max_tokens": 12,
+                           "temperature": 0.0}).encode()
+        req = urllib.request.Request(engine.base_url + "/v1/chat/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            answer = json.loads(resp.read())["choices"][0]["message"]["content"]
+        tok = local_tokenizer(profile.model_for())
+        specs = synthetic_specs(tok, TIMED_REQUESTS, TIMED_PROMPT_TOKENS,
+                                max_tokens=TIMED_OUTPUT_TOKENS, seed=7)
+        run = client.run(specs, Load.sequential(), progress=False)
+        failed = [r for r in run.records if not r.ok]
+        if failed:
+            raise ServerError(failed[0].error or "request failed")
+        s = run.summary()
+        row.update(status="ok" if EXPECT in answer.lower() else "wrong answer",
+                   answer=answer.strip(), ttft_ms=s["ttft_ms_median"], tpot_ms=s["tpot_ms_median"],
+                   reason="" if EXPECT in answer.lower() else f"answered {answer.strip()!r}")
+        info = parse_server_log(engine.server.log_path.read_text(errors="replace"))
+        row.update(kernels=info.get("kernels", []), quantization=info.get("quantization"),
+                   dtype=info.get("dtype"))
+    except ConfigError as exc:
+        row.update(status="refused", reason=str(exc).splitlines()[-1].lstrip("- "))
+    except (ServerError, OSError, RuntimeError, ValueError, KeyError) as exc:
+        logs = sorted((log_dir / c.name).glob("*.log"), key=lambda f: f.stat().st_mtime)
+        text = logs[-1].read_text(errors="replace") if logs else ""
+        row.update(status="fails", reason=(root_cause(text) or str(exc).splitlines()[0])[:300])
+    finally:
+        pool.close()
+    row["probe_s"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+# --------------------------------------------------------------------------
+# The table notebooks read
+# --------------------------------------------------------------------------
+
+class Capabilities:
+    """Probe results for this machine: `ok(name)`, `reason(name)`, `table()`."""
+
+    def __init__(self, results: Mapping[str, dict], device: str = "cpu", machine: str = ""):
+        self.results = dict(results)
+        self.device = device
+        self.machine = machine
+
+    def probed(self, name: str) -> bool:
+        return name in self.results
+
+    def ok(self, name: str) -> bool:
+        """True only for a candidate probed here that served a right answer."""
+        return self.results.get(name, {}).get("status") == "ok"
+
+    def status(self, name: str) -> str:
+        return self.results.get(name, {}).get("status", "not probed")
+
+    def reason(self, name: str) -> str:
+        """Why a candidate cannot be used here ("" if it can)."""
+        r = self.results.get(name)
+        if r is None:
+            return f"{name!r} was not probed on this machine (python -m lab_utils.capabilities {name})"
+        if r.get("status") == "ok":
+            return ""
+        return f"{r.get('status')} on this machine: {r.get('reason') or '?'}"
+
+    def describe(self, name: str) -> str:
+        """One cell of a support table: "ok: <kernels>" or the reason."""
+        r = self.results.get(name)
+        if r is None:
+            return "not probed here"
+        if r.get("status") == "ok":
+            kernels = ", ".join(r.get("kernels") or [])
+            return "ok" + (f": {kernels}" if kernels else "")
+        return self.reason(name)
+
+    def fastest(self, names: Iterable[str]) -> str | None:
+        """Of the candidates that run here, the one with the lowest time for the
+        probe's timed request (TTFT + output tokens x TPOT)."""
+        timed = []
+        for n in names:
+            r = self.results.get(n, {})
+            if r.get("status") == "ok" and r.get("ttft_ms") is not None and r.get("tpot_ms") is not None:
+                timed.append((r["ttft_ms"] + TIMED_OUTPUT_TOKENS * r["tpot_ms"], n))
+        return min(timed)[1] if timed else None
+
+    def table(self, names: Iterable[str] | None = None):
+        import pandas as pd
+        names = list(names) if names is not None else list(CANDIDATES)
+        rows = []
+        for n in names:
+            r = self.results.get(n, {})
+            rows.append({"candidate": n, "title": candidate(n).title, "status": self.status(n),
+                         "here": self.describe(n), "ttft_ms": r.get("ttft_ms"),
+                         "tpot_ms": r.get("tpot_ms"), "startup_s": r.get("startup_s")})
+        frame = pd.DataFrame(rows).set_index("candidate")
+        frame.attrs["machine"] = self.machine
+        return frame
+
+
+def probe(profile: Profile | str = "cpu", names: Sequence[str] | None = None, *,
+          refresh: bool = False, progress: bool = True) -> Capabilities:
+    """Probe `names` (default: every candidate) on this machine, reusing cached
+    results unless `refresh`. Only local CPU profiles are probed: on `gpu` and
+    `remote` the result says so and `ok()` is False for every candidate."""
+    from .machine import machine_info, summary_line
+    profile = load_profile(profile) if isinstance(profile, str) else profile
+    names = list(names) if names is not None else list(CANDIDATES)
+    for n in names:
+        candidate(n)
+    if profile.is_remote or profile.device != "cpu":
+        return Capabilities({n: {"status": "not probed",
+                                 "reason": f"the probe runs on the cpu profile; profile "
+                                           f"{profile.name!r} runs on {profile.device}"}
+                             for n in names}, profile.device)
+    path = cache_path()
+    results = load_cache(path)
+    todo = [n for n in names if refresh or n not in results]
+    if todo:
+        from tqdm.auto import tqdm
+        bar = tqdm(todo, desc="probing what this vLLM build runs", disable=not progress)
+        for n in bar:
+            bar.set_postfix_str(n)
+            results[n] = probe_one(profile, CANDIDATES[n], path.parent / "logs")
+            save_cache(path, results)  # after each: an interrupted probe keeps the others
+    return Capabilities({n: results[n] for n in results}, "cpu", summary_line(machine_info()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help=f"candidates (default: all): {', '.join(CANDIDATES)}")
+    ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--refresh", action="store_true", help="probe again even if cached")
+    args = ap.parse_args(argv)
+    try:
+        caps = probe(args.profile, args.names or None, refresh=args.refresh)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"machine: {caps.machine}\ncache: {cache_path()}\n")
+    table = caps.table(args.names or None)[["status", "ttft_ms", "tpot_ms", "here"]]
+    print(table.to_string(float_format=lambda v: f"{v:.1f}", max_colwidth=110))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

