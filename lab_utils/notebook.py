@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .machine import summary_line
 from .paths import NOTEBOOKS_DIR, REPO_ROOT
 from .profiles import ConfigError, Profile, load_profile
 from .results import Results
@@ -78,18 +79,29 @@ class NotebookContext:
         self.results.save()
 
 
-def setup(name: str, namespace: Mapping[str, Any]) -> NotebookContext:
+def setup(name: str, namespace: dict[str, Any]) -> NotebookContext:
     """Check the parameters in `namespace` (the notebook's globals) against the
-    notebook's own defaults, then load the profile and open results and engines."""
+    notebook's own defaults, then load the profile and open results and engines.
+    Under LAB_SMOKE=1 the notebook's smoke parameters replace them, in
+    `namespace` too (`lab_utils.smoke`)."""
+    from . import smoke
     defaults = parameter_defaults(f"{name}.ipynb")
     params = {k: namespace[k] for k in defaults if k in namespace}
     check_parameters(defaults, params)
+    changed = smoke.apply(name, defaults, params, namespace)
+    if changed:
+        check_parameters(defaults, params)
+        print(f"smoke run ({smoke.ENV_FLAG}=1, {smoke.SMOKE_FILE.name}): "
+              + ", ".join(f"{k}={v!r}" for k, v in changed.items()))
     results_dir = Path(params.get("results_dir", "results"))
     if not results_dir.is_absolute():
         results_dir = (NOTEBOOKS_DIR / results_dir).resolve()
     profile = load_profile(params.get("profile", "cpu"), base_url=params.get("base_url", ""))
     results = Results(name, results_dir, profile.name)
+    print(f"machine: {summary_line(results.data['environment']['machine'])}")
     results.data["parameters"] = params
+    if changed:
+        results.data["smoke"] = True
     results.save()
     engines = EnginePool(profile, log_dir=results_dir / "logs" / name)
     return NotebookContext(name, profile, engines, results, params)

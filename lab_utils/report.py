@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .machine import summary_line
+
 
 def _fmt(value: Any) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
@@ -64,6 +66,63 @@ def _checklist_section(data: dict | None) -> list[str]:
     return md
 
 
+def _machine_section(results: dict[str, dict]) -> list[str]:
+    """Which machine ran the notebooks (the first results file that says) and the
+    thread binding vLLM applied to the first engine whose log showed one."""
+    md = []
+    machine = next((d["environment"]["machine"] for d in results.values()
+                    if isinstance(d.get("environment"), dict)
+                    and d["environment"].get("machine")), None)
+    if machine:
+        md += ["", f"machine: {summary_line(machine)}"]
+    binding = next((e["binding"] for d in results.values() for e in d.get("engines", [])
+                    if isinstance(e, dict) and e.get("binding")), None)
+    if binding:
+        parts = [f"bind {binding['bind']}"] if "bind" in binding else []
+        parts += [f"{name} {binding[key]}" for key, name in (
+            ("core_ids", "core ids"), ("reserved_cpus", "reserved"),
+            ("torch_threads", "torch threads")) if key in binding]
+        md += ["", "engine binding: " + ", ".join(parts)]
+    return md
+
+
+def engine_budget(results: dict[str, dict], status: dict) -> dict[str, Any]:
+    """How much of the run went into engine starts: starts recorded in the
+    results, distinct configurations (command line without its port), their
+    start-up seconds against the notebooks' seconds, and what reusing an
+    identical engine across notebooks would save (every start of a
+    configuration after its first in another notebook)."""
+    import re
+    starts = []
+    for notebook, data in results.items():
+        for e in data.get("engines", []):
+            if e.get("startup_s") is not None:
+                config = re.sub(r"--port \d+ ?", "", e.get("command", ""))
+                starts.append((notebook, config, float(e["startup_s"])))
+    first_in: dict[str, str] = {}
+    saved_n, saved_s = 0, 0.0
+    for notebook, config, secs in starts:
+        if config not in first_in:
+            first_in[config] = notebook
+        elif first_in[config] != notebook:
+            saved_n, saved_s = saved_n + 1, saved_s + secs
+    run_s = sum(nb.get("seconds") or 0.0 for nb in status.get("notebooks", []))
+    start_s = sum(s for _, _, s in starts)
+    return {"starts": len(starts), "configurations": len(first_in), "startup_s": start_s,
+            "notebooks_s": run_s, "share": start_s / run_s if run_s else math.nan,
+            "reusable_starts": saved_n, "reusable_s": saved_s}
+
+
+def _budget_line(results: dict[str, dict], status: dict) -> list[str]:
+    b = engine_budget(results, status)
+    if not b["starts"]:
+        return []
+    return ["", f"engine starts: {b['starts']} ({b['configurations']} distinct configurations), "
+                f"{b['startup_s']:,.0f} s of the notebooks' {b['notebooks_s']:,.0f} s "
+                f"({b['share']:.0%}); reusing identical engines across notebooks would save "
+                f"{b['reusable_starts']} starts, {b['reusable_s']:,.0f} s"]
+
+
 def build_index(run_dir: str | Path) -> tuple[Path, Path]:
     """Write `index.md` and `index.html` for a run folder made by runall."""
     run_dir = Path(run_dir)
@@ -71,7 +130,8 @@ def build_index(run_dir: str | Path) -> tuple[Path, Path]:
     results = load_findings(run_dir / "results")
     md = [f"# vLLM Latency Lab run {run_dir.name}", "",
           f"profile: `{status.get('profile')}` · started {status.get('started')} · "
-          f"finished {status.get('finished') or '(unfinished)'}", "",
+          f"finished {status.get('finished') or '(unfinished)'}",
+          *_machine_section(results), *_budget_line(results, status), "",
           "| notebook | status | time (s) | findings | executed notebook |",
           "|---|---|---|---|---|"]
     for nb in status["notebooks"]:

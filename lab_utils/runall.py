@@ -2,6 +2,7 @@
 
     python -m lab_utils.runall                    # all notebooks, cpu profile
     python -m lab_utils.runall --only 00 02       # a subset (name prefixes)
+    python -m lab_utils.runall --smoke            # smoke parameters: a quick check of everything
     python -m lab_utils.runall --profile remote --base-url http://host:8000
 
 Each run folder holds the executed notebooks, `results/` (findings JSON and
@@ -60,8 +61,12 @@ def _point_latest(run_dir: Path) -> None:
 
 def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = None,
             runs_dir: Path = RUNS_DIR, parameters: dict | None = None,
-            notebooks_dir: Path = NOTEBOOKS_DIR) -> int:
+            notebooks_dir: Path = NOTEBOOKS_DIR, smoke: bool = False) -> int:
+    """Execute the notebooks; `smoke` gives each its smoke parameters
+    (`lab_utils.smoke`), under any explicit `parameters`."""
     import papermill as pm
+
+    from .smoke import smoke_parameters
 
     todo = notebooks(only, notebooks_dir)  # fail before making a run folder
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -69,7 +74,7 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
     for sub in ("notebooks", "results", "logs"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     _point_latest(run_dir)
-    status = {"profile": profile, "base_url": base_url,
+    status = {"profile": profile, "base_url": base_url, "smoke": smoke,
               "started": _dt.datetime.now().isoformat(timespec="seconds"), "finished": None,
               "notebooks": [{"name": p.stem, "status": "pending"} for p in todo]}
 
@@ -82,7 +87,8 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
     code = 0
     for i, (path, entry) in enumerate(zip(todo, status["notebooks"]), 1):
         params = {"profile": profile, "base_url": base_url,
-                  "results_dir": str((run_dir / "results").resolve()), **(parameters or {})}
+                  "results_dir": str((run_dir / "results").resolve()),
+                  **(smoke_parameters(path.stem) if smoke else {}), **(parameters or {})}
         entry["status"] = "running"
         save_status()
         print(f"[{i}/{len(todo)}] {path.stem} ...", end=" ", flush=True)
@@ -129,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="notebook name prefixes, e.g. 00 02")
     parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
     parser.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS_DIR)
+    parser.add_argument("--smoke", action="store_true",
+                        help="each notebook's smoke parameters (notebooks/smoke_parameters.toml)")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[],
                         metavar=("NAME", "JSON"),
                         help="extra notebook parameter, value as JSON (e.g. -p repeats 3)")
@@ -140,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             params[name] = raw
     return run_all(args.profile, args.base_url, args.only, args.runs_dir, params,
-                   args.notebooks_dir)
+                   args.notebooks_dir, smoke=args.smoke)
 
 
 if __name__ == "__main__":

