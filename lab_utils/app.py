@@ -825,9 +825,26 @@ class AppServer(VLLMServer):
                           f"command: {self.command}\nlog: {self.log_path}\n"
                           f"--- last lines ---\n{self.log_tail()}")
 
+    def describe(self) -> dict[str, Any]:
+        """The app for the results file (`Results.add_app`)."""
+        return {"command": self.command, "base_url": self.base_url, "server": self.server,
+                "tls": self.tls, "upstream": self.upstream, "startup_s": self.startup_s}
+
     def __repr__(self) -> str:
         state = "running" if self.alive else "stopped"
         return f"<AppServer {state} {self.base_url} -> {self.upstream}>"
+
+
+def start_app(ctx, engine, **kw: Any) -> AppServer:
+    """A notebook's app in front of `engine`, started (`kw` as for
+    `AppServer`; its log under the notebook's logs), with the engine's and
+    the app's exact commands in the notebook's results file."""
+    app = AppServer.for_engine(engine, log_dir=ctx.results.dir / "logs" / ctx.name, **kw)
+    app.start()
+    print(f"[app] {app.command}  (ready in {app.startup_s:.1f} s)")
+    ctx.results.add_engine(engine)
+    ctx.results.add_app(app)
+    return app
 
 
 if __name__ == "__main__":

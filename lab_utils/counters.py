@@ -6,10 +6,14 @@ histogram (to compare with the client's view).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from .errors import ServerError
+from .http import http_get
 
 #: Counter families (summed over engines/labels); names without `_total`.
 COUNTERS = {
@@ -104,7 +108,6 @@ def parse_metrics(text: str) -> Snapshot:
 
 
 def scrape_text(base_url: str, api_key: str | None = None, timeout: float = 10) -> str:
-    from .server import ServerError, http_get
     status, body = http_get(base_url.rstrip("/") + "/metrics", timeout=timeout, api_key=api_key)
     if status != 200:
         raise ServerError(f"{base_url}/metrics answered HTTP {status}")
@@ -117,6 +120,16 @@ def scrape(base_url: str, api_key: str | None = None) -> Snapshot:
 
 def scrape_families(base_url: str, api_key: str | None = None) -> list:
     return list(text_string_to_metric_families(scrape_text(base_url, api_key)))
+
+
+def cache_config(base_url: str, api_key: str | None = None) -> dict[str, str]:
+    """vLLM's `cache_config_info` labels (KV capacity, block size, prefix
+    caching); {} when the server does not export them or cannot be read."""
+    with contextlib.suppress(Exception):
+        for fam in scrape_families(base_url, api_key=api_key):
+            if fam.name == "vllm:cache_config_info" and fam.samples:
+                return dict(fam.samples[0].labels)
+    return {}
 
 
 def delta(before: Snapshot, after: Snapshot) -> dict[str, float | None]:

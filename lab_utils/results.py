@@ -18,9 +18,10 @@ from typing import Any
 
 from .client import Client, Load, RequestSpec, Run
 from .counters import delta, scrape
+from .errors import ServerError
+from .http import http_get
 from .machine import machine_info
 from .metrics import SLO, bootstrap_change_pct, change_pct
-from .server import ServerError
 
 
 def _slug(text: str) -> str:
@@ -52,7 +53,6 @@ def environment(engine=None) -> dict[str, Any]:
         env.update(profile=engine.profile.name, device=engine.profile.device,
                    model=engine.model_path or engine.model, served_model_name=engine.model)
         if engine.server is None:  # remote: ask the server itself
-            from .server import http_get
             try:
                 status, body = http_get(engine.base_url + "/version", api_key=engine.api_key)
                 if status == 200:
@@ -88,6 +88,11 @@ class Results:
             self.data["engines"].append(desc)
             self.data["environment"] = environment(engine)
             self.save()
+
+    def add_app(self, app) -> None:
+        """An app the notebook started (`AppServer.describe()`), under "apps"."""
+        self.data.setdefault("apps", []).append(app.describe())
+        self.save()
 
     def add_arm(self, label: str, run: Run, slo: SLO | None = None, **extra: Any) -> dict[str, Any]:
         arm = {"load": run.load, "summary": run.summary(slo), "counters": run.counters,

@@ -20,21 +20,21 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .counters import cache_config
+# ServerError lives in .errors so that counters and http raise it without
+# importing this module; `from lab_utils.server import ServerError` still works.
+from .errors import ServerError
+from .host import group_processes
+from .http import http_get
 from .paths import REPO_ROOT
 from .profiles import ConfigError, Profile, display_command, engine_argv, flag_items
 
 _RUNNING: set[VLLMServer] = set()
-
-
-class ServerError(RuntimeError):
-    """The server failed to start or died; the message carries its log's tail."""
 
 
 class ArmUnavailable(RuntimeError):
@@ -83,20 +83,6 @@ def orphan_servers() -> list[tuple[int, str]]:
     return out
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group `pgid`."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z" and int(fields[2]) == pgid:
-                members.append(int(entry.name))
-    return members
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -119,17 +105,6 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
     os.setsid()
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def http_get(url: str, timeout: float = 5.0, api_key: str | None = None) -> tuple[int, bytes]:
-    req = urllib.request.Request(url)
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 class VLLMServer:
@@ -228,7 +203,7 @@ class VLLMServer:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while _group_members(proc.pid) and time.monotonic() < deadline:
+        while group_processes(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def __enter__(self) -> VLLMServer:
@@ -316,17 +291,6 @@ def _server_model_name(base_url: str, api_key: str | None) -> str:
     return json.loads(body)["data"][0]["id"]
 
 
-def _cache_config(base_url: str, api_key: str | None = None) -> dict[str, str]:
-    """vLLM's `cache_config_info` labels (KV capacity, block size, prefix caching)."""
-    from .counters import scrape_families
-    with contextlib.suppress(Exception):
-        fams = scrape_families(base_url, api_key=api_key)
-        for fam in fams:
-            if fam.name == "vllm:cache_config_info" and fam.samples:
-                return dict(fam.samples[0].labels)
-    return {}
-
-
 class EnginePool:
     """Hands out engines by flags; identical flags reuse one running server.
 
@@ -377,7 +341,7 @@ class EnginePool:
             url = arms[key].rstrip("/")
         model = p.served_model_name or _server_model_name(url, p.api_key)
         return Engine(p, dict(flags), url, model, api_key=p.api_key,
-                      info={"cache_config": _cache_config(url, p.api_key)})
+                      info={"cache_config": cache_config(url, p.api_key)})
 
     def _start(self, key: str, role: str | None, flags: dict[str, Any],
                env: Mapping[str, str] | None = None) -> Engine:
@@ -397,7 +361,7 @@ class EnginePool:
         server.start()
         name = p.served_model_name or model_path
         return Engine(p, dict(flags), server.base_url, name, model_path=model_path,
-                      server=server, info={"cache_config": _cache_config(server.base_url)})
+                      server=server, info={"cache_config": cache_config(server.base_url)})
 
     def close(self) -> None:
         for engine in self._engines.values():

@@ -1,4 +1,5 @@
-"""Prompts: the shipped datasets, and synthetic prompts of exact token lengths.
+"""Prompts: the shipped datasets, synthetic prompts of exact token lengths, and
+the unmeasured warm-up requests an engine gets before it is timed.
 
 Exact lengths use the served model's tokenizer: the local one (transformers)
 when the lab started the engine, or the server's `/tokenize` endpoint when it
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .client import RequestSpec
+from .client import Client, Load, RequestSpec
 from .paths import DATASETS_DIR
 
 # --------------------------------------------------------------------------
@@ -230,3 +231,48 @@ def synthetic_specs(tok: Tokenizer, n: int, input_tokens: int, *, max_tokens: in
 
 def count_chat_tokens(tok: Tokenizer, texts: Sequence[str]) -> list[int]:
     return [tok.count(t) for t in texts]
+
+
+# --------------------------------------------------------------------------
+# Warming engines up before anything is timed
+# --------------------------------------------------------------------------
+
+#: The warm-up prompt (`{i}`: the request's index). Not from the datasets: a
+#: measured prompt finds no more of it in the prefix cache than the opening of
+#: the chat template, which any earlier request would have left there too.
+WARM_UP_PROMPT = "Warm-up {i}: count from one to twenty in words."
+
+#: A ramp: 16 short requests 50 ms apart, so the number running rises and
+#: falls through the batch sizes a concurrent workload reaches (a fresh CPU
+#: engine can stall for seconds the first time it meets a larger batch).
+WARM_UP_RAMP = {"requests": 16, "max_tokens": 12, "spacing_s": 0.05}
+
+_WARMED: set[str] = set()
+
+
+def warm_up(engines: Any, requests: int = 1, *, max_tokens: int = 4, spacing_s: float = 0.0,
+            prompt: str = WARM_UP_PROMPT, api: str = "chat", once: bool = False) -> None:
+    """Send `requests` unmeasured requests to each engine (one engine, or an
+    iterable of them), `spacing_s` apart, each decoding exactly `max_tokens`
+    tokens: the first requests through a fresh engine pay one-time costs
+    (on the CPU backend also the first time it meets a larger batch) that
+    would land on whichever arm happened to meet them first. `prompt` is sent
+    as a chat message (`api="chat"`) or as a completions prompt
+    (`api="completions"`); with `once`, an engine warmed up before (same URL)
+    is skipped. Not the article's start-up routine that 03 measures."""
+    if api not in ("chat", "completions"):
+        raise ValueError(f"api must be 'chat' or 'completions', got {api!r}")
+    if hasattr(engines, "base_url"):
+        engines = [engines]
+    for engine in engines:
+        if once and engine.base_url in _WARMED:
+            continue
+        specs = []
+        for i in range(requests):
+            text = prompt.format(i=i)
+            body = {"messages": chat(text)} if api == "chat" else {"prompt": text}
+            specs.append(RequestSpec(**body, max_tokens=max_tokens, ignore_eos=True,
+                                     tag="warm-up"))
+        Client.for_engine(engine).run(specs, Load.at([i * spacing_s for i in range(requests)]),
+                                      label="warm-up", progress=False)
+        _WARMED.add(engine.base_url)

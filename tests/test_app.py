@@ -422,6 +422,27 @@ def test_app_server_process_lifecycle(fake, tmp_path):
     assert (tmp_path / "logs" / "app.log").read_text().startswith("$ python -m lab_utils.app")
 
 
+def test_start_app_records_the_engine_and_the_app(fake, tmp_path):
+    from types import SimpleNamespace
+
+    from lab_utils.app import start_app
+    from lab_utils.results import Results
+    engine = SimpleNamespace(base_url=fake.base_url, model="chat", api_key=None, server=None,
+                             model_path="", profile=SimpleNamespace(name="fake", device="cpu"),
+                             describe=lambda: {"command": "(fake engine)"})
+    ctx = SimpleNamespace(name="07_test", results=Results("07_test", tmp_path))
+    app = start_app(ctx, engine)
+    try:
+        assert app.alive and app.upstream == fake.base_url
+        assert app.log_path.parent == tmp_path / "logs" / "07_test"
+        saved = json.loads(ctx.results.path.read_text())
+        assert saved["engines"] == [{"command": "(fake engine)"}]
+        assert saved["apps"] == [app.describe()]
+        assert saved["apps"][0]["command"].startswith("python -m lab_utils.app --upstream")
+    finally:
+        app.stop()
+
+
 def test_self_signed_certificate_verifies(tmp_path):
     cert, key = self_signed_certificate(tmp_path)
     ctx = ssl.create_default_context(cafile=str(cert))

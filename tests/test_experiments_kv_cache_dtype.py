@@ -323,35 +323,3 @@ def test_cpu_backend_dtypes_match_installed_vllm():
     for name in kv.CPU_KV_CACHE_DTYPES:
         assert f'"{name}"' in text
     assert "no line with" in kv.vllm_source("platforms/cpu.py", "no such line anywhere", 3)
-
-
-def test_engine_cpu_counts_this_process_tree():
-    import os
-    import subprocess
-    import sys
-    import time
-
-    class Engine:
-        class server:
-            class proc:
-                pid = os.getpid()
-
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
-    try:
-        assert {os.getpid(), child.pid} <= set(kv.process_tree(os.getpid()))
-        with kv.EngineCPU(Engine()) as cpu:
-            t0 = time.process_time()
-            while time.process_time() - t0 < 0.3:
-                sum(range(1000))
-        assert 0.2 < cpu.cpu_s < 5 and 0 < cpu.share <= 1.0
-    finally:
-        child.kill()
-        child.wait()
-    assert kv.cpu_seconds([10**9]) == {}                     # no such process: skipped
-
-    class Remote:
-        server = None
-
-    with kv.EngineCPU(Remote()) as none:
-        pass
-    assert math.isnan(none.cpu_s) and math.isnan(none.share)

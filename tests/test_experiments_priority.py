@@ -119,20 +119,3 @@ def test_findings_compare_each_policy_with_fcfs_and_the_control():
         assert f["article_claim"] == pr.CLAIM and "vllm:num_preemptions_total" in f["mechanism"]
         assert not math.isnan(f["baseline"]) and not math.isnan(f["treated"])
     assert pr.findings({"fcfs": arms["fcfs"]}, table.loc[["fcfs"]]) == []
-
-
-def test_warm_up_sends_one_request_per_engine():
-    from types import SimpleNamespace
-
-    from fake_openai import FakeOpenAI
-    server = FakeOpenAI().start()
-    try:
-        engine = SimpleNamespace(base_url=server.base_url, model="chat", api_key=None)
-        pr.warm_up(engine, requests=3, spacing_s=0.01)
-        pr.warm_up(engine)
-        assert len(server.requests) == 3                   # once per engine
-        bodies = [r["body"] for r in server.requests]
-        assert all(b["ignore_eos"] and b["max_tokens"] == 12 for b in bodies)
-        assert len({b["messages"][-1]["content"] for b in bodies}) == 3
-    finally:
-        server.stop()

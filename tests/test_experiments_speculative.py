@@ -433,4 +433,3 @@ def test_load_warning_names_busy_runs():
     assert "1 of 2 runs" in msg and "baseline/chat/c1 (9.5)" in msg and "ngram" not in msg
     assert sd.load_warning(runs, cores=8) == ""
     assert sd.load_warning(pd.DataFrame(), cores=2) == ""
-    assert sd.host_load() >= 0

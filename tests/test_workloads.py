@@ -190,3 +190,43 @@ def test_code_edit_specs():
     for s in specs:
         assert s.tag == "code_edit" and s.max_tokens == 256
         assert s.messages[-1]["content"].count("```") == 2
+
+
+# --------------------------------------------------------------------------
+# Warm-up (against the fake OpenAI server of conftest)
+# --------------------------------------------------------------------------
+
+def _engine(fake, model="chat"):
+    from types import SimpleNamespace
+    return SimpleNamespace(base_url=fake.base_url, model=model, api_key=None)
+
+
+def test_warm_up_ramps_once_per_engine_with_unique_prompts(fake, monkeypatch):
+    monkeypatch.setattr(workloads, "_WARMED", set())         # no engine warmed up before
+    engine = _engine(fake)
+    workloads.warm_up(engine, 3, max_tokens=12, spacing_s=0.05, once=True)
+    workloads.warm_up(engine, 3, max_tokens=12, spacing_s=0.05, once=True)
+    assert len(fake.requests) == 3                           # once per engine
+    bodies = [r["body"] for r in fake.requests]
+    assert all(b["ignore_eos"] and b["max_tokens"] == 12 for b in bodies)
+    assert len({b["messages"][-1]["content"] for b in bodies}) == 3
+    assert all(r["path"] == "/v1/chat/completions" for r in fake.requests)
+    times = sorted(r["time"] for r in fake.requests)
+    assert times[-1] - times[0] >= 0.09                        # 50 ms apart
+    workloads.warm_up(engine)                                  # without `once`: again
+    assert len(fake.requests) == 4
+
+
+def test_warm_up_several_engines_and_a_completions_prompt(fake):
+    engines = [_engine(fake, "text"), _engine(fake, "text")]
+    workloads.warm_up(engines, prompt="Hello", api="completions")
+    assert [r["path"] for r in fake.requests] == ["/v1/completions"] * 2
+    assert all(r["body"]["prompt"] == "Hello" and r["body"]["max_tokens"] == 4
+               and r["body"]["temperature"] == 0.0 for r in fake.requests)
+    with pytest.raises(ValueError, match="api must be"):
+        workloads.warm_up(engines, api="embeddings")
+
+
+def test_warm_up_prompt_is_not_from_the_datasets():
+    texts = [q["question"] for q in workloads.chat_questions() + workloads.quality_questions()]
+    assert not any(t.startswith(workloads.WARM_UP_PROMPT.split("{")[0]) for t in texts)

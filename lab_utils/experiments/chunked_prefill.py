@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from ..client import Client, Load, RequestRecord, RequestSpec, Run
+from ..host import host_load
 from ..results import Results, measure
 from ..server import ArmUnavailable
 from ..workloads import chat_specs, synthetic_specs, tokenizer_for
@@ -303,15 +303,6 @@ def arm_label(chunked: bool, budget: int | None, threshold: int = 0) -> str:
         return f"off (budget {budget})" if budget else "off"
     label = f"on, budget {budget}" if budget else "on (default budget)"
     return label + (f", threshold {threshold}" if threshold else "")
-
-
-def host_load() -> float:
-    """The machine's 1-minute load average: on 2 cores, well above 2 means other
-    processes competed with the engine and inflated this arm's latencies."""
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return math.nan
 
 
 def _warm_up(engine, workload: Workload) -> None:

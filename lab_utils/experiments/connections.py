@@ -638,28 +638,14 @@ def tls_app(ctx, engine) -> AppServer:
     Hypercorn (HTTP/2 and HTTP/1.1 by ALPN) when installed, else uvicorn
     (HTTP/1.1 only; the http2 arm then falls back to HTTP/1.1, and a note
     says so)."""
-    from ..app import hypercorn_available
+    from ..app import hypercorn_available, start_app
     server = "hypercorn" if hypercorn_available() else "uvicorn"
     if server == "uvicorn":
         msg = ("hypercorn is not installed: the app is served by uvicorn (HTTP/1.1 only), so "
                "the http2 arm negotiates HTTP/1.1; pip install hypercorn==0.18.0 for HTTP/2")
         print(msg)
         ctx.results.note(msg)
-    app = AppServer.for_engine(engine, log_dir=ctx.results.dir / "logs" / ctx.name,
-                               server=server, tls=True)
-    app.start()
-    print(f"[app] {app.command}  (ready in {app.startup_s:.1f} s)")
-    _record_app(ctx, engine, app)
-    return app
-
-
-def _record_app(ctx, engine, app: AppServer) -> None:
-    """The engine's and the app's exact commands in the results file."""
-    ctx.results.add_engine(engine)
-    ctx.results.data.setdefault("apps", []).append(
-        {"command": app.command, "base_url": app.base_url, "server": app.server,
-         "tls": app.tls, "upstream": app.upstream, "startup_s": app.startup_s})
-    ctx.results.save()
+    return start_app(ctx, engine, server=server, tls=True)
 
 
 def long_generations(target: Target, arms: Sequence[str] = ("new", "pooled"), *, n: int = 3,

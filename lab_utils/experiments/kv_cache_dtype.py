@@ -33,7 +33,6 @@ import re
 import struct
 import threading
 import time
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,8 @@ import pandas as pd
 
 from ..client import Load, RequestSpec
 from ..counters import scrape
+from ..host import EngineCPU, host_load
+from ..http import post_json
 from ..profiles import ConfigError, Profile
 from ..results import Results, measure
 from ..server import ArmUnavailable, EnginePool, ServerError
@@ -54,6 +55,7 @@ from ..workloads import (
     quality_questions,
     synthetic_specs,
     tokenizer_for,
+    warm_up,
 )
 
 #: What vLLM's CPU attention backend accepts (`CPUAttentionBackend.supported_kv_cache_dtypes`).
@@ -324,15 +326,6 @@ def use_kv_budget(ctx, kv_cache_gib: float) -> int:
     return budget
 
 
-def _post_json(engine, path: str, body: dict, timeout: float = 600) -> dict:
-    req = urllib.request.Request(engine.base_url + path, json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    if engine.api_key:
-        req.add_header("Authorization", f"Bearer {engine.api_key}")
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
 def capacity_row(engine, arm: str, budget_bytes: int | None = None) -> dict[str, Any]:
     """KV capacity as the engine reports it (vLLM's `cache_config_info` labels and
     its start-up log line), next to what bytes-per-token arithmetic predicts."""
@@ -398,82 +391,6 @@ class GaugeSampler:
                                                 "requests_waiting"])
 
 
-def process_tree(root: int) -> list[int]:
-    """`root` and all its live descendants (from /proc; empty off Linux)."""
-    children: dict[int, list[int]] = {}
-    proc = Path("/proc")
-    for entry in proc.iterdir() if proc.is_dir() else []:
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
-
-
-def cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
-    """User + system CPU seconds each process has used so far (/proc/PID/stat)."""
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    out = {}
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            out[pid] = (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
-
-
-class EngineCPU:
-    """CPU time the engine's processes (server, engine core, workers) got during a
-    block, against the wall time: `share` is the fraction of all cores it used.
-    On a machine shared with other work, a low share means the arm's latencies
-    are inflated by contention; `cpu_s` per output token is less sensitive to it."""
-
-    def __init__(self, engine):
-        server = getattr(engine, "server", None)
-        self.root = server.proc.pid if server is not None and server.proc is not None else None
-        self.cpu_s = math.nan
-        self.wall_s = math.nan
-
-    def __enter__(self) -> Self:
-        self._t0 = time.perf_counter()
-        self._before = cpu_seconds(process_tree(self.root)) if self.root else {}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.wall_s = time.perf_counter() - self._t0
-        if self.root:
-            after = cpu_seconds(process_tree(self.root))
-            self.cpu_s = sum(t - self._before.get(pid, 0.0) for pid, t in after.items())
-
-    @property
-    def share(self) -> float:
-        cores = os.cpu_count() or 1
-        return self.cpu_s / (self.wall_s * cores) if self.wall_s and self.wall_s > 0 else math.nan
-
-
-def host_load() -> float:
-    """The machine's 1-minute load average: well above the core count means other
-    processes competed with the engine and the times of that arm are inflated."""
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return math.nan
-
-
-def warm_up(engine) -> None:
-    """One tiny request a fresh engine answers before anything is timed."""
-    _post_json(engine, "/v1/completions", {"model": engine.model, "prompt": "Hello",
-                                          "max_tokens": 4, "temperature": 0})
-
-
 def single_request_latency(engine, arm: str, *, prompt_tokens: int = 256,
                            output_tokens: int = 32, repeats: int = 3, seed: int = 100,
                            results: Results | None = None, progress: bool = True) -> pd.DataFrame:
@@ -507,7 +424,7 @@ def prompt_logprobs(engine, ids: Sequence[int]) -> dict[str, np.ndarray]:
     before it (teacher forcing), and its top-1 token at each position."""
     body = {"model": engine.model, "prompt": list(ids), "max_tokens": 1, "temperature": 0,
             "prompt_logprobs": 1}
-    data = _post_json(engine, "/v1/completions", body)
+    data = post_json(engine, "/v1/completions", body)
     logprobs, top1 = prompt_token_logprobs(ids, data["choices"][0]["prompt_logprobs"])
     return {"logprobs": logprobs, "top1": top1}
 
@@ -603,7 +520,7 @@ def run_arms(ctx, kv_dtypes: Sequence[str] = ("auto", "fp8"), *, kv_cache_gib: f
             ctx.engines.close()  # a server that failed to start leaves nothing behind
             continue
         cap.append(capacity_row(engine, arm, out.budget_bytes))
-        warm_up(engine)
+        warm_up(engine, prompt="Hello", api="completions")
         single.append(single_request_latency(
             engine, arm, prompt_tokens=single_prompt_tokens, output_tokens=single_output_tokens,
             repeats=single_repeats, results=ctx.results, progress=progress))
@@ -932,7 +849,6 @@ __all__ = [
     "gib_to_bytes",
     "greedy_answers",
     "headline",
-    "host_load",
     "kv_element_bytes",
     "kv_geometry",
     "parse_kv_log",
@@ -956,5 +872,4 @@ __all__ = [
     "traffic_table",
     "use_kv_budget",
     "vllm_source",
-    "warm_up",
 ]

@@ -47,8 +47,7 @@ from ..prefetch import (
     typing_sessions,
 )
 from ..results import Results
-from ..workloads import chat_specs
-from .priority import warm_up
+from ..workloads import WARM_UP_RAMP, chat_specs, warm_up
 
 WITH, WITHOUT = "with prefetch", "without prefetch"
 
@@ -204,7 +203,8 @@ def with_and_without(engine, *, sessions: int = 16, rounds: int = 2, results: Re
     busier or quieter during the run weighs on both arms alike. Each round of
     both arms replays the same sessions, the same start times and the same
     background requests; each prefetch round starts with an empty cache."""
-    warm_up(engine)  # no round pays for a fresh engine's first large batches
+    # No round pays for a fresh engine's first large batches.
+    warm_up(engine, **WARM_UP_RAMP, once=True)
     per = max(1, sessions // rounds)
     seed = kw.pop("seed", 0)
     done: dict[str, list[PrefetchArm]] = {WITHOUT: [], WITH: []}

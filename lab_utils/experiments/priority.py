@@ -37,12 +37,12 @@ from ..admission import (
     ScheduledRun,
     run_schedule_async,
 )
-from ..client import Client, Load, RequestSpec, run_sync
+from ..client import Client, RequestSpec, run_sync
 from ..counters import delta, parse_metrics, scrape, scrape_text
 from ..metrics import SLO, summarize
 from ..results import Results
 from ..server import ArmUnavailable
-from ..workloads import chat, chat_questions
+from ..workloads import WARM_UP_RAMP, chat, chat_questions, warm_up
 
 #: vLLM serves the LOWER priority value first.
 INTERACTIVE_PRIORITY, BATCH_PRIORITY = 0, 1
@@ -308,26 +308,6 @@ def engine_flags(max_num_seqs: int, scheduling_policy: str | None = None) -> dic
     return flags
 
 
-_WARM: set[str] = set()
-
-
-def warm_up(engine, requests: int = 16, max_tokens: int = 12, spacing_s: float = 0.05) -> None:
-    """The first time an engine is used, send `requests` short requests
-    `spacing_s` apart, so the number running ramps up and down through the
-    batch sizes the arms will use. On this CPU backend a fresh engine can
-    stall for seconds the first time it meets a larger batch; no arm should
-    pay for that. The prompts are unique and not from the datasets, so the
-    prefix cache gains nothing for the arms."""
-    if engine.base_url in _WARM:
-        return
-    specs = [RequestSpec(messages=chat(f"Warm-up {i}: count from one to twenty in words."),
-                         max_tokens=max_tokens, ignore_eos=True, tag="warm-up")
-             for i in range(requests)]
-    Client.for_engine(engine).run(specs, Load.at([i * spacing_s for i in range(requests)]),
-                                  progress=False)
-    _WARM.add(engine.base_url)
-
-
 def fcfs_arm(ctx, workload: Workload, *, label: str, max_num_seqs: int, policy=None,
              slo: SLO | None = None) -> dict[str, Arm]:
     """One arm on the FCFS engine (started once, reused for every FCFS arm):
@@ -338,7 +318,7 @@ def fcfs_arm(ctx, workload: Workload, *, label: str, max_num_seqs: int, policy=N
         ctx.results.note(f"{label}: skipped ({exc})")
         print(f"[{label}] skipped: {exc}")
         return {}
-    warm_up(engine)
+    warm_up(engine, **WARM_UP_RAMP, once=True)
     return {label: run_arm(engine, workload, label=label, policy=policy, results=ctx.results,
                            slo=slo)}
 
@@ -357,7 +337,7 @@ def priority_arm(ctx, workload: Workload, *, max_num_seqs: int, slo: SLO | None 
         ctx.results.note(f"priority arm skipped: {exc}")
         print(f"[priority] skipped: {exc}")
         return {}
-    warm_up(engine)
+    warm_up(engine, **WARM_UP_RAMP, once=True)
     arms = {}
     if control:
         arms["equal priority"] = run_arm(engine, workload.with_priorities(0, 0),
@@ -378,7 +358,7 @@ def explore(ctx, *, max_num_seqs: int, batch: int, batch_tokens: int, interactiv
         engine = ctx.engine(**engine_flags(max_num_seqs, policy if policy == "priority" else None))
     except ArmUnavailable as exc:
         return pd.DataFrame({"skipped": [str(exc)]})
-    warm_up(engine)
+    warm_up(engine, **WARM_UP_RAMP, once=True)
     if policy == "priority":
         w = w.with_priorities()
     pol = OffPeakAdmission(window_s=window_s) if policy == "admission" else None
@@ -507,5 +487,4 @@ __all__ = [
     "sample_gauges",
     "slot_demand",
     "vllm_source",
-    "warm_up",
 ]

@@ -23,10 +23,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import re
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +30,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..client import Client, Load, RequestSpec
+from ..client import Load, RequestSpec
+from ..host import EngineCPU, group_rss
+from ..http import post_json
 from ..profiles import ConfigError, Profile
 from ..results import Results, measure
 from ..server import ArmUnavailable, ServerError
@@ -48,6 +46,7 @@ from ..workloads import (
     quality_questions,
     synthetic_specs,
     tokenizer_for,
+    warm_up,
 )
 
 # --------------------------------------------------------------------------
@@ -505,19 +504,6 @@ def claim_verdict(claim: str | None, ppl_change_pct: float, *, compute_speedup: 
 # Talking to the server
 # --------------------------------------------------------------------------
 
-def post_json(engine, path: str, body: Mapping[str, Any], timeout: float = 600) -> dict:
-    """A non-streaming POST to the engine's OpenAI-compatible API."""
-    req = urllib.request.Request(engine.base_url.rstrip("/") + path, json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    if engine.api_key:
-        req.add_header("Authorization", f"Bearer {engine.api_key}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        raise ServerError(f"{path} answered HTTP {exc.code}: {exc.read()[:500]!r}") from exc
-
-
 def prompt_logprobs(engine, prompt_ids: Sequence[int]) -> list:
     """vLLM's `prompt_logprobs` of a token-id prompt: a non-streaming
     completions request with `max_tokens=1` and the vLLM extra parameter
@@ -541,72 +527,6 @@ def score_text(engine, windows: Sequence[Sequence[int]]) -> pd.DataFrame:
         rows.append({"window": i, "tokens": n, "nll_sum": nll, "perplexity": perplexity(nll, n),
                      "request_s": time.perf_counter() - t0})
     return pd.DataFrame(rows)
-
-
-def _group_rss(pgid: int) -> dict[str, float]:
-    """RSS (MiB) of the server's processes: the worker (holds the weights and
-    the KV cache) and the whole process group."""
-    worker, total = None, 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(stat[2]) != pgid:
-                continue
-            status = dict(line.split(":", 1) for line in (entry / "status").read_text().splitlines()
-                          if ":" in line)
-            cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except (OSError, ValueError, IndexError):
-            continue
-        rss = float(status.get("VmRSS", "0 kB").split()[0]) / 1024
-        total += rss
-        if "Worker" in cmd or "Worker" in status.get("Name", ""):
-            worker = (worker or 0.0) + rss
-    return {"worker_rss_mib": worker, "server_rss_mib": total or None}
-
-
-def group_cpu_seconds(pgid: int) -> dict[str, float]:
-    """CPU seconds (user + system) used so far by the server's worker process
-    (the model's arithmetic) and by its whole process group."""
-    tick = os.sysconf("SC_CLK_TCK")
-    worker, total = 0.0, 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(stat[2]) != pgid:
-                continue
-            cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except (OSError, ValueError, IndexError):
-            continue
-        used = (int(stat[11]) + int(stat[12])) / tick
-        total += used
-        if "Worker" in cmd:
-            worker += used
-    return {"worker": worker, "server": total}
-
-
-class CpuClock:
-    """Worker CPU time of a local server between `start()` and `stop()`:
-    the compute an arm really used, which other work on a shared CPU does
-    not inflate (it only delays it). None for remote servers and GPUs."""
-
-    def __init__(self, engine):
-        ok = engine.server is not None and engine.server.proc is not None \
-            and engine.profile.device == "cpu"
-        self.pgid = engine.server.proc.pid if ok else None
-        self.before: dict[str, float] = {}
-
-    def start(self) -> None:
-        if self.pgid:
-            self.before = group_cpu_seconds(self.pgid)
-
-    def stop(self) -> float | None:
-        if not self.pgid:
-            return None
-        return group_cpu_seconds(self.pgid)["worker"] - self.before["worker"]
 
 
 def compute_cost(prefill_cpu_s: float | None, total_cpu_s: float | None, requests: int,
@@ -635,7 +555,7 @@ def weight_memory(engine) -> dict[str, Any]:
         except OSError:
             pass
         if engine.server.proc is not None:
-            out.update(_group_rss(engine.server.proc.pid))
+            out.update(group_rss(engine.server.proc.pid))
     cache = engine.info.get("cache_config", {}) if engine.info else {}
     if "kv_cache_tokens" not in out and cache.get("num_gpu_blocks") and cache.get("block_size"):
         out["kv_cache_tokens"] = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
@@ -693,22 +613,21 @@ def measure_arm(ctx, a: Arm, work: Workload, *, progress: bool = True) -> dict[s
     if engine is None:
         return {}
     memory = weight_memory(engine)
-    # Not one of the measured prompts: a repeat would be a prefix-cache hit.
-    warm = RequestSpec(messages=chat("Say hello."), max_tokens=4, tag="warm-up")
-    Client.for_engine(engine).run([warm], Load.sequential(), label="warm-up", progress=False)
+    warm_up(engine)  # not one of the measured prompts: a repeat would be a prefix-cache hit
     ppl = score_text(engine, work.windows).assign(arm=a.name)
     ppl_total = perplexity(ppl.nll_sum.sum(), int(ppl.tokens.sum()))
-    clock = CpuClock(engine)
-    clock.start()
-    pre = measure(engine, work.prefill, Load.sequential(), label=f"{a.name}/prefill",
-                  results=ctx.results, progress=progress, arm=a.name)
-    prefill_cpu = clock.stop()
-    clock.start()
-    lat = measure(engine, work.latency, Load.sequential(), label=f"{a.name}/latency",
-                  results=ctx.results, progress=progress, arm=a.name,
-                  weight_memory=memory, perplexity=ppl_total,
-                  perplexity_windows=ppl.drop(columns="arm").to_dict("records"))
-    total_cpu = clock.stop()
+    with EngineCPU(engine) as pre_cpu:
+        pre = measure(engine, work.prefill, Load.sequential(), label=f"{a.name}/prefill",
+                      results=ctx.results, progress=progress, arm=a.name)
+    with EngineCPU(engine) as lat_cpu:
+        lat = measure(engine, work.latency, Load.sequential(), label=f"{a.name}/latency",
+                      results=ctx.results, progress=progress, arm=a.name,
+                      weight_memory=memory, perplexity=ppl_total,
+                      perplexity_windows=ppl.drop(columns="arm").to_dict("records"))
+    # The worker's CPU time is the compute the arm really used (other work on a
+    # shared CPU delays it, does not inflate it); not on a GPU, nor remote.
+    prefill_cpu, total_cpu = ((pre_cpu.worker_cpu_s, lat_cpu.worker_cpu_s)
+                              if engine.profile.device == "cpu" and pre_cpu.pgid else (None, None))
     wall = sum(r.e2e or 0.0 for r in lat.records)
     cost = {"arm": a.name, **compute_cost(prefill_cpu, total_cpu, len(work.latency),
                                           work.output_tokens),
@@ -1002,7 +921,6 @@ __all__ = [
     "CPU_ROLE_RECIPES",
     "DEFAULT_ARMS",
     "Arm",
-    "CpuClock",
     "Workload",
     "agreement",
     "arm",
@@ -1018,7 +936,6 @@ __all__ = [
     "default_arms",
     "engine_for",
     "explore_arm",
-    "group_cpu_seconds",
     "is_correct",
     "latency_specs",
     "measure_arm",
@@ -1028,7 +945,6 @@ __all__ = [
     "plan",
     "plot_latency",
     "plot_speed_vs_quality",
-    "post_json",
     "prepare_checkpoints",
     "prompt_logprobs",
     "prompt_nll",

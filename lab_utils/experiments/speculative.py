@@ -39,6 +39,7 @@ import pandas as pd
 
 from ..client import Load, RequestRecord, RequestSpec
 from ..counters import scrape_text
+from ..host import host_load
 from ..profiles import ConfigError, Profile
 from ..results import Results, measure
 from ..server import ArmUnavailable
@@ -609,15 +610,6 @@ def load_warning(runs: pd.DataFrame, cores: int | None = None, factor: float = 2
     return (f"host load average above {factor * cores:g} on {cores} cores during {len(busy)} of "
             f"{len(runs)} runs: {names}. Their timings include other processes' work; the "
             "counters (acceptance, drafts) do not depend on it.")
-
-
-def host_load() -> float:
-    """The machine's 1-minute load average (nan where unknown): on a shared
-    2-core host, other processes' load shows up as slower engine steps."""
-    try:
-        return float(os.getloadavg()[0])
-    except (AttributeError, OSError):
-        return math.nan
 
 
 def measure_arm(engine, arm: Arm, *, workloads: Sequence[str] = WORKLOADS, requests: int = 3,

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..app import AppServer, pop_sse_blocks, sse_data, timing_from_comment
+from ..app import AppServer, pop_sse_blocks, sse_data, start_app, timing_from_comment
 from ..client import RequestRecord, Run, run_sync
 from ..counters import parse_metrics
 from ..metrics import percentile_stats
@@ -731,12 +731,7 @@ def app_for(ctx, engine, **kw: Any) -> AppServer:
     key = f"{engine.base_url}|{sorted(kw.items())}"
     app = _APPS.get(key)
     if app is None or not app.alive:
-        app = AppServer.for_engine(engine, log_dir=ctx.results.dir / "logs" / ctx.name, **kw)
-        app.start()
-        _APPS[key] = app
-        print(f"[app] {app.command}  (ready in {app.startup_s:.1f} s)")
-        from .connections import _record_app
-        _record_app(ctx, engine, app)
+        app = _APPS[key] = start_app(ctx, engine, **kw)
     return app
 
 

@@ -24,6 +24,7 @@ import pandas as pd
 
 from ..client import Load, RequestRecord, RequestSpec
 from ..counters import delta, scrape
+from ..host import EngineCPU
 from ..metrics import percentile_stats, records_frame
 from ..profiles import ConfigError
 from ..results import Results, measure
@@ -35,6 +36,7 @@ from ..workloads import (
     code_edit_specs,
     quality_questions,
     tokenizer_for,
+    warm_up,
 )
 
 CLAIM = "model tiering (route easy requests to a smaller model): TTFT -20-40%, TPOT -30-50%"
@@ -227,15 +229,6 @@ class Arms:
         return pd.concat(frames, ignore_index=True)
 
 
-def warm_up(engines: dict[str, Any]) -> None:
-    """One short request per tier (not a measured prompt), so neither arm
-    pays a fresh engine's first-request cost."""
-    from ..client import Client
-    warm = RequestSpec(messages=chat("Say hello."), max_tokens=4, tag="warm-up")
-    for engine in engines.values():
-        Client.for_engine(engine).run([warm], Load.sequential(), label="warm-up", progress=False)
-
-
 def run_arms(engines: dict[str, Any], work: Workload, rule: TierRule, *,
              concurrency: int = 1, results: Results | None = None,
              progress: bool = True, arms: Sequence[str] = ARMS) -> Arms:
@@ -244,7 +237,7 @@ def run_arms(engines: dict[str, Any], work: Workload, rule: TierRule, *,
     read from both engines (vLLM's request and token counters show where the
     requests really went)."""
     load = Load.concurrent(concurrency) if concurrency > 1 else Load.sequential()
-    warm_up(engines)
+    warm_up(engines.values())  # neither arm pays a fresh engine's first-request cost
     runs: dict[str, Any] = {}
     small_counters: dict[str, float | None] = {}
     for label in arms:
@@ -352,7 +345,6 @@ def colocation_check(engines: dict[str, Any], *, repeats: int = 3, quiet_s: floa
     second after its request (local engines only). Every request is a
     different question, so the prefix cache treats both cases alike."""
     from ..client import Client
-    from .quantization import group_cpu_seconds
     small_c, large_c = Client.for_engine(engines[SMALL]), Client.for_engine(engines[LARGE])
     server = getattr(engines[SMALL], "server", None)
     qs = chat_questions()
@@ -369,9 +361,9 @@ def colocation_check(engines: dict[str, Any], *, repeats: int = 3, quiet_s: floa
         if server is not None and server.proc is not None:
             time.sleep(quiet_s)  # let the small engine go idle, then measure one request's tail
             small_c.run([small], progress=False)
-            before = group_cpu_seconds(server.proc.pid)["server"]
-            time.sleep(1.0)
-            spin = group_cpu_seconds(server.proc.pid)["server"] - before
+            with EngineCPU(engines[SMALL]) as cpu:
+                time.sleep(1.0)
+            spin = cpu.cpu_s
         rows.append({"repeat": i, "large TTFT, small idle (ms)": quiet.ttft * 1e3,
                      "large TTFT, right after a small request (ms)": after.ttft * 1e3,
                      "small engine CPU s in the 1 s after its request": spin})

@@ -1,0 +1,128 @@
+"""The host and a local engine's processes: the load average, the processes,
+CPU seconds and resident memory of a process group, and a clock of the CPU
+time an engine's processes use during a block.
+
+A local server is one process group (`VLLMServer` starts it in a new session
+and stops it with killpg): its leader `engine.server.proc.pid` runs the API
+server, its descendants the engine core and the worker(s) that do the
+model's arithmetic (vLLM names them `...Worker...`).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterable
+from typing import Self
+
+import psutil
+
+
+def host_load() -> float:
+    """The machine's 1-minute load average (nan where unknown): well above the
+    core count means other processes competed with the engine, and the times
+    measured meanwhile are inflated."""
+    try:
+        return float(psutil.getloadavg()[0])
+    except (AttributeError, OSError):
+        return math.nan
+
+
+def group_processes(pgid: int, *, zombies: bool = False) -> list[psutil.Process]:
+    """The processes of process group `pgid`; exited ones not yet reaped
+    (zombies) only with `zombies=True`."""
+    members = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and (zombies or
+                                                 proc.status() != psutil.STATUS_ZOMBIE):
+                members.append(proc)
+        except (OSError, psutil.Error):  # it ended meanwhile
+            continue
+    return members
+
+
+def is_worker(proc: psutil.Process) -> bool:
+    """Whether `proc` is a vLLM worker (by its process name or command line)."""
+    try:
+        return "Worker" in proc.name() or any("Worker" in arg for arg in proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+def cpu_seconds(procs: Iterable[psutil.Process]) -> dict[psutil.Process, float]:
+    """User + system CPU seconds each process has used so far (ended ones are
+    left out). Keyed by the process, so a reused pid is another key."""
+    out = {}
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        out[proc] = times.user + times.system
+    return out
+
+
+def group_rss(pgid: int) -> dict[str, float | None]:
+    """Resident memory (MiB) of process group `pgid`: its worker processes
+    (they hold the weights and the KV cache; None without one) and the whole
+    group (None when it has no process)."""
+    worker, total = None, 0.0
+    for proc in group_processes(pgid):
+        try:
+            rss = proc.memory_info().rss / 2**20
+        except psutil.Error:
+            continue
+        total += rss
+        if is_worker(proc):
+            worker = (worker or 0.0) + rss
+    return {"worker_rss_mib": worker, "server_rss_mib": total or None}
+
+
+class EngineCPU:
+    """CPU seconds a local engine's processes used between `start()` and
+    `stop()` (or inside a `with` block), against the wall time.
+
+    `cpu_s`: all of them (API server, engine core, workers); `worker_cpu_s`:
+    the workers only (the model's arithmetic, which other work on a shared
+    CPU delays but does not inflate); `share`: cpu_s / (wall_s x cores), the
+    fraction of the machine the engine got (low on a machine busy with other
+    work: the block's latencies are then inflated by contention). The three
+    are nan for an engine without a local server. A process started during
+    the block counts in full, one that ended during it not at all."""
+
+    def __init__(self, engine):
+        server = getattr(engine, "server", None)
+        proc = getattr(server, "proc", None)
+        self.pgid: int | None = proc.pid if proc is not None else None
+        self.cpu_s = self.worker_cpu_s = self.wall_s = math.nan
+        self._before: dict[psutil.Process, float] = {}
+        self._t0 = time.perf_counter()
+
+    def _read(self) -> dict[psutil.Process, float]:
+        # Zombies too: their CPU time is final but was used.
+        return cpu_seconds(group_processes(self.pgid, zombies=True)) if self.pgid else {}
+
+    def start(self) -> Self:
+        self._t0 = time.perf_counter()
+        self._before = self._read()
+        return self
+
+    def stop(self) -> Self:
+        self.wall_s = time.perf_counter() - self._t0
+        if self.pgid:
+            used = {p: t - self._before.get(p, 0.0) for p, t in self._read().items()}
+            self.cpu_s = sum(used.values())
+            self.worker_cpu_s = sum(t for p, t in used.items() if is_worker(p))
+        return self
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def share(self) -> float:
+        cores = os.cpu_count() or 1
+        return self.cpu_s / (self.wall_s * cores) if self.wall_s > 0 else math.nan

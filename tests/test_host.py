@@ -1,0 +1,114 @@
+"""Host and process accounting (`lab_utils.host`) against real processes: a
+process group of a leader and a "Worker" child, like a vLLM server's."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from lab_utils.host import (EngineCPU, cpu_seconds, group_processes, group_rss, host_load,
+                            is_worker)
+
+#: The child: a "Worker" (by its command line) that, on each line read,
+#: burns that many seconds of its own CPU time, or holds that many MiB.
+WORKER = """
+import sys, time
+held = []
+for line in sys.stdin:
+    kind, amount = line.split()
+    if kind == "burn":
+        t0 = time.process_time()
+        while time.process_time() - t0 < float(amount):
+            sum(range(1000))
+    else:
+        held.append(b"x" * (int(amount) << 20))  # written, so resident
+    print("done", flush=True)
+"""
+
+#: The leader: starts the worker in its process group, hands it its stdin and stdout.
+#: ("Wor" "ker" split: the leader's own command line must not name a worker.)
+LEADER = f"""
+import subprocess, sys
+worker = subprocess.Popen([sys.executable, "-c", {WORKER!r}, "Wor" + "ker"], stdin=sys.stdin,
+                          stdout=sys.stdout)
+sys.exit(worker.wait())
+"""
+
+
+@pytest.fixture
+def server():
+    """A stand-in for a local engine's server: its own process group, whose
+    leader is the API server and whose child is the worker."""
+    proc = subprocess.Popen([sys.executable, "-c", LEADER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+    def ask(kind: str, amount: float) -> None:
+        proc.stdin.write(f"{kind} {amount}\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "done"
+
+    ask("burn", 0)  # answered: the worker runs its own command line
+    yield SimpleNamespace(proc=proc, ask=ask)
+    os.killpg(proc.pid, 9)
+    proc.wait()
+
+
+def test_host_load_is_the_one_minute_load_average():
+    assert host_load() == pytest.approx(os.getloadavg()[0], abs=1.0)
+
+
+def test_group_processes_are_the_leader_and_its_children(server):
+    pids = {p.pid for p in group_processes(server.proc.pid)}
+    assert len(pids) == 2 and server.proc.pid in pids
+    assert [is_worker(p) for p in group_processes(server.proc.pid)].count(True) == 1
+    assert os.getpid() not in pids
+    assert group_processes(2**22 + 12345) == []                 # no such group
+
+
+def test_engine_cpu_counts_the_group_and_its_worker(server):
+    engine = SimpleNamespace(server=SimpleNamespace(proc=server.proc))
+    with EngineCPU(engine) as cpu:
+        server.ask("burn", 0.5)
+    # The worker burned 0.5 s of its own CPU time; the leader only waited.
+    assert 0.4 <= cpu.worker_cpu_s <= 1.5
+    assert cpu.worker_cpu_s <= cpu.cpu_s <= cpu.worker_cpu_s + 0.3  # the leader only waits
+    assert 0 < cpu.share <= 1.0
+    clock = EngineCPU(engine).start()                            # start/stop, reused
+    server.ask("burn", 0.2)
+    assert 0.1 <= clock.stop().worker_cpu_s <= 1.0
+
+
+def test_engine_cpu_is_nan_without_a_local_server():
+    for engine in (SimpleNamespace(server=None), SimpleNamespace()):
+        with EngineCPU(engine) as cpu:
+            pass
+        assert math.isnan(cpu.cpu_s) and math.isnan(cpu.worker_cpu_s) and math.isnan(cpu.share)
+        assert cpu.wall_s >= 0
+
+
+def test_cpu_seconds_of_this_process_and_of_one_that_ended():
+    import psutil
+    me = psutil.Process()
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.2:
+        sum(range(1000))
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended = psutil.Process(child.pid)
+    child.wait()
+    used = cpu_seconds([me, ended])
+    assert used[me] == pytest.approx(time.process_time(), abs=0.1)
+    assert ended not in used                                     # reaped: left out
+
+
+def test_group_rss_of_a_worker_that_holds_a_known_buffer(server):
+    before = group_rss(server.proc.pid)
+    server.ask("hold", 64)
+    after = group_rss(server.proc.pid)
+    assert 56 <= after["worker_rss_mib"] - before["worker_rss_mib"] <= 80
+    assert after["server_rss_mib"] > after["worker_rss_mib"] > 64
+    assert group_rss(2**22 + 12345) == {"worker_rss_mib": None, "server_rss_mib": None}
