@@ -41,6 +41,13 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _is_number(value: Any) -> bool:
+    try:
+        return value is not None and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
 def environment(engine=None) -> dict[str, Any]:
     """Device, versions and host facts for the results file; `machine` names the
     CPU, its ISA extensions, memory, cores and the engine's thread binding."""
@@ -114,18 +121,23 @@ class Results:
         finding = {"technique": technique, "metric": metric, "baseline": baseline,
                    "treated": treated, "change_pct": change_pct(baseline, treated),
                    "article_claim": article_claim, "mechanism": mechanism, **extra}
-        if samples is not None:
-            lo, hi = bootstrap_change_pct(*samples, stat=stat)
-            finding.update(change_ci95=[lo, hi], n_samples=[len(samples[0]), len(samples[1])],
-                           significant=bool(lo > 0 or hi < 0) if math.isfinite(lo) else None)
         if checklist is not None:
             from .checklist import ARTICLE_TABLE
-            row, _, metric = checklist.rpartition(":")
-            if (row, metric) not in ARTICLE_TABLE:
+            row, _, column = checklist.rpartition(":")
+            if (row, column) not in ARTICLE_TABLE:
                 rows = sorted(f"{r}:{m}" for r, m in ARTICLE_TABLE)
                 raise ValueError(f"checklist={checklist!r} is not a row of the article's table; "
                                  f"use one of {rows} (or leave checklist out)")
             finding["checklist"] = checklist
+        missing = [k for k in ("baseline", "treated") if not _is_number(finding[k])]
+        if missing:  # an arm did not run: a finding without values would read as measured
+            self.note(f"not recorded: {technique} / {metric}: no {' and no '.join(missing)} "
+                      "value (an arm did not run here)")
+            return {**_clean(finding), "recorded": False}
+        if samples is not None:
+            lo, hi = bootstrap_change_pct(*samples, stat=stat)
+            finding.update(change_ci95=[lo, hi], n_samples=[len(samples[0]), len(samples[1])],
+                           significant=bool(lo > 0 or hi < 0) if math.isfinite(lo) else None)
         self.data["findings"].append(finding)
         self.save()
         return _clean(finding)

@@ -97,3 +97,15 @@ def test_add_finding_rejects_a_tag_that_is_not_a_row_of_the_article(tmp_path):
         with pytest.raises(ValueError, match="not a row of the article's table"):
             r.add_finding("t", "m", 1.0, 2.0, "c", "m", checklist=bad)
     assert [f["checklist"] for f in r.data["findings"]] == ["prefix caching:ttft"]
+
+
+def test_a_finding_without_values_is_noted_not_recorded(tmp_path):
+    from lab_utils.results import Results
+    r = Results("x", tmp_path)
+    got = r.add_finding("fp8 KV cache", "TPOT", 25.0, None, "claim", "arm skipped",
+                        samples=([1.0, 2.0], []))
+    assert got["recorded"] is False and r.data["findings"] == []
+    assert r.data["notes"] == ["not recorded: fp8 KV cache / TPOT: no treated value "
+                               "(an arm did not run here)"]
+    r.add_finding("t", "m", float("nan"), float("nan"), "c", "m")
+    assert "no baseline and no treated value" in r.data["notes"][-1]

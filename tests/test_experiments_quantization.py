@@ -422,6 +422,11 @@ def test_findings_without_cpu_clock_or_local_checkpoints(tmp_path):
     frames.pop("compute")
     c = q.compare(q.summarize(frames))
     assert math.isnan(c.loc["int8_w8a8", "decode_cpu_speedup"])
-    table = q.record_findings(Results("05_gpu", tmp_path), c, frames["memory"])
-    assert len(table) == 5 and "checkpoint ? MiB" in table.mechanism.iloc[0]
+    results = Results("05_gpu", tmp_path)
+    table = q.record_findings(results, c, frames["memory"])
+    # No checkpoint bytes for hub ids: that finding has no values and is noted, not recorded.
+    assert len(table) == 4 and "checkpoint ? MiB" in table.mechanism.iloc[0]
+    assert not table.metric.str.startswith("checkpoint size").any()
+    assert any(n.startswith("not recorded: quantization") and "checkpoint size" in n
+               for n in results.data["notes"])
     assert table.verdict.iloc[0].startswith("median decode step speed-up")

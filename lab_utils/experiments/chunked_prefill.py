@@ -399,6 +399,33 @@ def headline_rows(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     return table.loc[off], table.loc[on]
 
 
+def _change(before: float, after: float) -> str:
+    pct = (after - before) / before * 100 if before else float("nan")
+    return f"{before:,.0f} → {after:,.0f} ms ({pct:+.0f}%)"
+
+
+def this_run(b: pd.Series, t: pd.Series, label: str) -> str:
+    """What this run measured, off against `label`, as Markdown sentences whose
+    directions are read from the numbers (the notebook's conclusions cite it)."""
+    def way(before: float, after: float, less: str, more: str) -> str:
+        return less if after < before else more
+    lines = [
+        f"- **Decode stall** (largest gap between tokens of requests streaming when a long "
+        f"prompt landed): {_change(b.stall_itl_ms_max, t.stall_itl_ms_max)}; the largest "
+        f"prefill in one engine step {b.max_prefill_tokens_per_step:,.0f} → "
+        f"{t.max_prefill_tokens_per_step:,.0f} tokens.",
+        f"- **Short-request TTFT p99**: {_change(b.short_ttft_ms_p99, t.short_ttft_ms_p99)}, "
+        + way(b.short_ttft_ms_p99, t.short_ttft_ms_p99, "better with chunking", "worse with "
+              "chunking") + f"; short requests sent during a long prefill waited "
+        f"{_change(b.blocked_short_ttft_ms_median, t.blocked_short_ttft_ms_median)} (median).",
+        f"- **Long-request TTFT**: {_change(b.long_ttft_ms_median, t.long_ttft_ms_median)}: the "
+        "long prompts " + way(b.long_ttft_ms_median, t.long_ttft_ms_median, "gained", "paid")
+        + f"; engine throughput while busy {b.tokens_per_busy_s:,.0f} → "
+        f"{t.tokens_per_busy_s:,.0f} tokens/s.",
+    ]
+    return f"In this run (off → {label}):\n\n" + "\n".join(lines)
+
+
 def explore_arm(ctx, budget: int, threshold: int = 0, **workload_kw: Any) -> pd.DataFrame:
     """One arm on demand (the notebook's Explore widgets): `budget` 0 means
     chunked prefill off; `threshold` > 0 adds --long-prefill-token-threshold."""
@@ -519,6 +546,6 @@ def plot_steps(arms: dict, labels: Sequence[str] | None = None,
 
 __all__ = ["Arm", "MECHANISM_COLUMNS", "SUMMARY_COLUMNS", "StepLog", "Workload", "arm_flags",
            "arm_label", "arm_row", "arrived_during_long_prefill", "chunked_prefill_sweep",
-           "decode_stall", "decoding_when_long_arrived", "explore_arm", "headline_arms", "headline_rows",
+           "decode_stall", "decoding_when_long_arrived", "explore_arm", "this_run", "headline_arms", "headline_rows",
            "mixed_schedule", "mixed_workload", "parse_iteration_log", "plot_steps", "plot_sweep",
            "run_arm", "run_plan", "step_stats", "sweep_plan", "vllm_source"]
