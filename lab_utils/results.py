@@ -122,7 +122,7 @@ class Results:
                    "treated": treated, "change_pct": change_pct(baseline, treated),
                    "article_claim": article_claim, "mechanism": mechanism, **extra}
         if checklist is not None:
-            from .checklist import ARTICLE_TABLE
+            from .article_table import ARTICLE_TABLE
             row, _, column = checklist.rpartition(":")
             if (row, column) not in ARTICLE_TABLE:
                 rows = sorted(f"{r}:{m}" for r, m in ARTICLE_TABLE)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from lab_utils import capabilities as cap
-from lab_utils.experiments import kv_cache_dtype as kv
+from lab_utils.experiments import fp8_kv_cache as kv
 from lab_utils.experiments import quantization as q
 from lab_utils.machine import cpu_facts
 from lab_utils.profiles import check_device_rules, check_known_options, flag_items

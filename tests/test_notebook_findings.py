@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.checklist import ARTICLE_TABLE
+from lab_utils.article_table import ARTICLE_TABLE
 from lab_utils.smoke import smoke_parameters
 
 pytestmark = pytest.mark.findings

@@ -13,7 +13,7 @@ from fake_openai import CHAT_TOKENS
 
 from lab_utils import prefetch as pf
 from lab_utils.client import Client, run_sync
-from lab_utils.experiments import prefetch as px
+from lab_utils.experiments import request_prefetch as px
 from lab_utils.paths import DATASETS_DIR, REPO_ROOT
 
 

@@ -11,7 +11,7 @@ from fake_openai import CHAT_FIRST_S, CHAT_GAP_S, CHAT_TOKENS
 from stand_ins import word_tokenizer
 
 from lab_utils.client import Client, Load, RequestRecord, RequestSpec
-from lab_utils.experiments import tiering as tx
+from lab_utils.experiments import model_tiering as tx
 from lab_utils.profiles import ConfigError
 from lab_utils.tiering import (
     LARGE,

@@ -79,6 +79,7 @@ def perceived_latency_fit(frame: pd.DataFrame) -> dict:
 
 
 __all__ = [
+    "engine_binding",
     "perceived_latency_fit",
     "records_frame",
     "tpot_vs_output_and_concurrency",

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..checklist import checklist_table
+from ..article_table import checklist_table
 from ..client import Load, RequestSpec
 from ..metrics import SLO
 from ..results import Results, measure

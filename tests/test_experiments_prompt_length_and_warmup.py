@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from lab_utils import system_prompts
-from lab_utils.experiments import prompt_and_warmup as pw
+from lab_utils.experiments import prompt_length_and_warmup as pw
 
 # Lines as vLLM 0.32's CPU build writes them (ANSI colours included), after a
 # first start whose lines must be ignored.

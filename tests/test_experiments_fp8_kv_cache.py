@@ -12,7 +12,7 @@ import pytest
 
 from lab_utils import load_profile
 from lab_utils.client import RequestRecord, Run
-from lab_utils.experiments import kv_cache_dtype as kv
+from lab_utils.experiments import fp8_kv_cache as kv
 from lab_utils.model import embedded_model_dir
 from lab_utils.profiles import ConfigError
 from lab_utils.server import EnginePool

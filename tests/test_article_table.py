@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from lab_utils.checklist import ARTICLE_TABLE, checklist_table, improvement_ci, improvement_pct, judge
+from lab_utils.article_table import ARTICLE_TABLE, checklist_table, improvement_ci, improvement_pct, judge
 
 
 def test_improvement_reads_the_claims_like_the_article():

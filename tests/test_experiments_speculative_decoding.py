@@ -11,7 +11,7 @@ import pytest
 
 from lab_utils import derived_models
 from lab_utils.client import RequestRecord
-from lab_utils.experiments import speculative as sd
+from lab_utils.experiments import speculative_decoding as sd
 from lab_utils.profiles import (
     ConfigError,
     check_known_options,

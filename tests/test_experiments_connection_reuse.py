@@ -9,7 +9,7 @@ from fake_openai import FakeOpenAI
 
 from lab_utils.app import AppServer, hypercorn_available
 from lab_utils.client import run_sync
-from lab_utils.experiments import connections as cx
+from lab_utils.experiments import connection_reuse as cx
 
 
 def test_connection_setup_from_a_trace():

@@ -7,7 +7,7 @@ import pytest
 
 from lab_utils.admission import BATCH, INTERACTIVE, ScheduledRun
 from lab_utils.client import RequestRecord, Run
-from lab_utils.experiments import priority as pr
+from lab_utils.experiments import priority_scheduling as pr
 from lab_utils.metrics import SLO
 
 

@@ -1,0 +1,43 @@
+"""00_baseline's pure pieces: the perceived-latency fit and the binding table."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from lab_utils.experiments import baseline
+
+
+def test_perceived_latency_fit_recovers_a_hand_made_line():
+    # E2E = 100 ms + 20 ms x n exactly, TTFT 100, TPOT 20: the article's formula
+    # predicts 100 + n x 20, so every residual is 0 and R^2 is 1.
+    n = [8, 16, 32, 64]
+    frame = pd.DataFrame({"output_tokens": n, "e2e_ms": [100 + 20 * k for k in n],
+                          "ttft_ms": [100.0] * 4, "tpot_ms": [20.0] * 4})
+    fit = baseline.perceived_latency_fit(frame)
+    assert fit["fit_intercept_ms"] == pytest.approx(100) and fit["r2"] == pytest.approx(1)
+    assert fit["fit_slope_ms_per_token"] == pytest.approx(20)
+    assert fit["article_residual_pct_max_abs"] == pytest.approx(0, abs=1e-9)
+
+
+def test_engine_binding_reads_what_vllm_applied(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "(EngineCore pid=1) INFO 12-01 09:44:27 [ompmultiprocessing.py:185] OpenMP thread "
+        "binding info: \n"
+        "(EngineCore pid=1) INFO 12-01 09:44:27 [ompmultiprocessing.py:185] \t"
+        "VLLM_CPU_OMP_THREADS_BIND='0-1', auto_setup=False, skip_setup=False\n"
+        "(EngineCore pid=1) INFO 12-01 09:44:27 [ompmultiprocessing.py:185] \t"
+        "local_world_size=1, reserve_cpu_num=0\n"
+        "(EngineCore pid=1) INFO 12-01 09:44:27 [ompmultiprocessing.py:185] \t"
+        "local_rank=0, core ids=[0, 1]\n"
+        "(EngineCore pid=1) INFO 12-01 09:44:27 [ompmultiprocessing.py:185] \treserved_cpus=[]\n")
+    server = SimpleNamespace(log_path=log, env={"VLLM_CPU_OMP_THREADS_BIND": "0-1",
+                                                "LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4"})
+    table = baseline.engine_binding(SimpleNamespace(server=server, base_url="http://x"))["value"]
+    assert table["worker core ids (vLLM)"] == "[[0, 1]]"
+    assert table["reserved for the engine core (vLLM)"] == "[]"
+    assert table["lab's setting (profile [cpu_binding] + [env])"] == "bind=0-1 +tcmalloc"
+    remote = baseline.engine_binding(SimpleNamespace(server=None, base_url="http://h:8000"))
+    assert "remote server at http://h:8000" in remote["value"]["engine"]
