@@ -28,6 +28,7 @@ import numpy as np
 
 import lab_utils as lab
 from lab_utils import cpu_tuning
+from lab_utils.machine import parse_engine_binding
 
 CONFIGS = {
     "auto": dict(bind="auto"),
@@ -55,13 +56,10 @@ def measure_config(pool, name: str, env: dict, tok, args) -> dict:
     ttft = client.run(ttft_specs, lab.Load.sequential(), progress=False)
     tpot = client.run(tpot_specs, lab.Load.sequential(), progress=False)
     conc = client.run(conc_specs, lab.Load.concurrent(args.concurrency), progress=False)
-    binding = ""
-    log = engine.server.log_path.read_text(errors="replace")
-    for line in log.splitlines():
-        if "core ids=" in line or "reserved_cpus=" in line:
-            binding += line.strip().split("\t")[-1] + " "
+    got = parse_engine_binding(engine.server.log_path.read_text(errors="replace"))
+    binding = f"core ids={got.get('core_ids')} reserved={got.get('reserved_cpus')}"
     return {"config": name, "env": env, "startup_s": engine.server.startup_s,
-            "binding_log": binding.strip(),
+            "binding_log": binding,
             "ttft_ms": [r.ttft * 1e3 for r in ttft.records if r.ok],
             "tpot_ms": [r.tpot * 1e3 for r in tpot.records if r.ok and r.tpot],
             "tpot_conc_ms": [r.tpot * 1e3 for r in conc.records if r.ok and r.tpot],

@@ -159,6 +159,7 @@ def probe_one(profile: Profile, c: Candidate, log_dir: Path) -> dict[str, Any]:
     start or a request failed: `reason` is the root cause from its log) or
     "refused" (the lab's own flag checks stop it before launch)."""
     from .client import Client, Load
+    from .http import post_json
     from .server import EnginePool, ServerError
     from .vllm_logs import parse_server_log, root_cause
     from .workloads import chat, local_tokenizer, synthetic_specs
@@ -173,13 +174,9 @@ def probe_one(profile: Profile, c: Candidate, log_dir: Path) -> dict[str, Any]:
         engine = pool.get("probe" if c.model else None, **flags)
         row["startup_s"] = round(engine.server.startup_s, 1)
         client = Client.for_engine(engine, timeout_s=120)
-        import urllib.request
-        body = json.dumps({"model": engine.model, "messages": chat(QUESTION), "max_tokens": 12,
-                           "temperature": 0.0}).encode()
-        req = urllib.request.Request(engine.base_url + "/v1/chat/completions", body,
-                                     {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            answer = json.loads(resp.read())["choices"][0]["message"]["content"]
+        answer = post_json(engine, "/v1/chat/completions", {
+            "model": engine.model, "messages": chat(QUESTION), "max_tokens": 12,
+            "temperature": 0.0}, timeout=120)["choices"][0]["message"]["content"]
         tok = local_tokenizer(profile.model_for())
         specs = synthetic_specs(tok, TIMED_REQUESTS, TIMED_PROMPT_TOKENS,
                                 max_tokens=TIMED_OUTPUT_TOKENS, seed=7)
@@ -297,6 +294,15 @@ def probe(profile: Profile | str = "cpu", names: Sequence[str] | None = None, *,
             results[n] = probe_one(profile, CANDIDATES[n], path.parent / "logs")
             save_cache(path, results)  # after each: an interrupted probe keeps the others
     return Capabilities({n: results[n] for n in results}, "cpu", summary_line(machine_info()))
+
+
+def why_not(profile: Profile, name: str | None) -> str:
+    """"" if candidate `name` may run on `profile` (always, off the cpu profile,
+    or when there is no candidate), else the probe's reason; probes it once on
+    this machine if it is not cached yet. What notebooks call to skip an arm."""
+    if name is None or profile.is_remote or profile.device != "cpu":
+        return ""
+    return probe(profile, [name]).reason(name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,6 +56,16 @@ def all_cores() -> str:
     return ",".join(map(str, cpus))
 
 
+_TCMALLOC_FIX = ("tcmalloc is not installed: `apt-get install libtcmalloc-minimal4` "
+                 "(Debian/Ubuntu; `make setup` does it when run as root)")
+_IOMP_FIX = "Intel OpenMP is not installed in this environment: `pip install intel-openmp`"
+
+
+def _preloads() -> dict:
+    # Looked up when called, so tests can replace the finders.
+    return {"tcmalloc": (tcmalloc_path, _TCMALLOC_FIX), "iomp": (iomp_path, _IOMP_FIX)}
+
+
 class LibraryMissing(RuntimeError):
     """A preload library the configuration asks for is not installed here."""
 
@@ -74,13 +84,10 @@ def binding_env(bind: str = "auto", *, tcmalloc: bool = False,
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     elif bind != "auto":
         env["VLLM_CPU_OMP_THREADS_BIND"] = bind
-    wanted = [("tcmalloc", tcmalloc_path, "tcmalloc is not installed: `apt-get install "
-               "libtcmalloc-minimal4` (Debian/Ubuntu; `make setup` does it when run as root)"),
-              ("iomp", iomp_path, "Intel OpenMP is not installed in this environment: "
-               "`pip install intel-openmp`")]
     preload = []
-    for name, find, fix in wanted:
-        if {"tcmalloc": tcmalloc, "iomp": iomp}[name]:
+    for lib, wanted in (("tcmalloc", tcmalloc), ("iomp", iomp)):
+        if wanted:
+            find, fix = _preloads()[lib]
             path = find()
             if path is None:
                 raise LibraryMissing(fix)
@@ -97,19 +104,13 @@ def profile_binding_env(binding: Mapping[str, object]) -> dict[str, str]:
     """`binding_env(**binding)` for a profile's [cpu_binding]; a preload library
     missing on this machine is left out with a warning (once) naming the fix:
     it makes the engine slower, not wrong."""
-    kw = {"bind": str(binding.get("bind", "auto")), "tcmalloc": bool(binding.get("tcmalloc")),
-          "iomp": bool(binding.get("iomp"))}
-    for lib in ("tcmalloc", "iomp"):
-        try:
-            binding_env(**kw)
-            break
-        except LibraryMissing as exc:
-            kw[lib] = False
-            if str(exc) not in _WARNED:
-                _WARNED.add(str(exc))
-                import warnings
-                warnings.warn(f"{exc}; the engine starts without it (slower prefill)",
-                              stacklevel=2)
+    kw = {"bind": str(binding.get("bind", "auto"))}
+    for lib, (find, fix) in _preloads().items():
+        kw[lib] = bool(binding.get(lib)) and find() is not None
+        if binding.get(lib) and not kw[lib] and fix not in _WARNED:
+            _WARNED.add(fix)
+            import warnings
+            warnings.warn(f"{fix}; the engine starts without it (slower prefill)", stacklevel=2)
     return binding_env(**kw)
 
 

@@ -163,8 +163,13 @@ class Results:
                         yield json.loads(line)
 
     def findings_frame(self):
+        """One row per finding; with none recorded (every treated arm skipped),
+        an empty frame that still has the finding columns."""
         import pandas as pd
-        return pd.DataFrame(_clean(self.data["findings"]))
+        columns = ["technique", "metric", "baseline", "treated", "change_pct",
+                   "article_claim", "mechanism"]
+        frame = pd.DataFrame(_clean(self.data["findings"]))
+        return frame if len(frame) else pd.DataFrame(columns=columns)
 
     def arms_frame(self, columns: Sequence[str] = ("ttft_ms_median", "ttft_ms_p99",
                                                    "tpot_ms_median", "tpot_ms_p99",

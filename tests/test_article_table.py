@@ -109,3 +109,15 @@ def test_a_finding_without_values_is_noted_not_recorded(tmp_path):
                                "(an arm did not run here)"]
     r.add_finding("t", "m", float("nan"), float("nan"), "c", "m")
     assert "no baseline and no treated value" in r.data["notes"][-1]
+
+
+def test_findings_frame_keeps_its_columns_when_nothing_was_recorded(tmp_path):
+    # On a CPU without fp8 KV cache every 06 finding lacks its treated value;
+    # the notebook's last cell still selects these columns.
+    from lab_utils.results import Results
+    r = Results("x", tmp_path)
+    r.add_finding("fp8 KV cache", "TPOT", 25.0, None, "claim", "arm skipped")
+    frame = r.findings_frame()
+    assert frame.empty
+    assert list(frame[["metric", "baseline", "treated", "change_pct"]].columns) == \
+        ["metric", "baseline", "treated", "change_pct"]

@@ -490,10 +490,8 @@ def runnable_here(profile: Profile, kv_cache_dtype: str) -> str:
     profile an fp8 dtype is checked by this machine's capability probe
     (`lab_utils.capabilities`, candidate "kv_fp8"): vLLM's CPU backend runs an
     fp8 KV cache only on x86 with AVX-512 or AMX."""
-    if not kv_cache_dtype.startswith("fp8") or profile.device != "cpu" or profile.is_remote:
-        return ""
     from .. import capabilities
-    return capabilities.probe(profile, ["kv_fp8"]).reason("kv_fp8")
+    return capabilities.why_not(profile, "kv_fp8" if kv_cache_dtype.startswith("fp8") else None)
 
 
 def run_arms(ctx, kv_dtypes: Sequence[str] = ("auto", "fp8"), *, kv_cache_gib: float = 0.0625,

@@ -159,14 +159,12 @@ def default_arms(profile: Profile, caps=None) -> list[str]:
 
 def runnable_here(profile: Profile, name: str, caps=None) -> str:
     """"" if arm `name` runs on this machine (or nothing says otherwise), else the
-    probe's reason. Probes the arm's candidate on the cpu profile if needed."""
+    probe's reason (`caps`, or this machine's probe, run if needed)."""
     cand = probe_name(profile, name)
-    if profile.device != "cpu" or profile.is_remote or cand is None:
-        return ""
-    if caps is None or not caps.probed(cand):
-        from .. import capabilities
-        caps = capabilities.probe(profile, [cand])
-    return caps.reason(cand)
+    if caps is not None and cand is not None and caps.probed(cand):
+        return caps.reason(cand) if profile.device == "cpu" and not profile.is_remote else ""
+    from .. import capabilities
+    return capabilities.why_not(profile, cand)
 
 
 def runnable_arms(ctx, names: Sequence[str]) -> list[str]:
