@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .arms import Arm, Plan
+from .errors import ServerError
 from .machine import summary_line
 from .paths import NOTEBOOKS_DIR, REPO_ROOT
 from .profiles import ConfigError, Profile, load_profile
 from .results import Results
-from .server import EnginePool
+from .server import ArmUnavailable, EnginePool
 
 
 def parameter_defaults(notebook: str | Path) -> dict[str, Any]:
@@ -65,25 +67,78 @@ class NotebookContext:
     engines: EnginePool
     results: Results
     params: dict[str, Any]
+    plan: Plan | None = None
 
     def engine(self, role: str | None = None, *, env: Mapping[str, str] | None = None,
                **flags: Any):
-        """Start (or reuse) the engine for these flags and print its command."""
+        """Start (or reuse) the engine for these flags and print its command.
+        With a plan, only an engine the plan declares (`arm` names it)."""
+        arm = None
+        if self.plan is not None:
+            arm = self.plan.find(role, flags, env)
+            if arm is None:
+                from .arms import engine_key
+                raise ConfigError(
+                    f"{self.name} asked for an engine its plan does not declare: "
+                    f"{engine_key(role, flags, env)}. Declare it as an arm in the experiment "
+                    f"module's plan() (declared: {[a.key for a in self.plan.arms]}), or use "
+                    "ctx.any_engine(...) for an Explore widget")
+        return self._start(role, env, flags, arm.name if arm else None)
+
+    def any_engine(self, role: str | None = None, *, env: Mapping[str, str] | None = None,
+                   **flags: Any):
+        """An engine outside the plan, for Explore widgets (recorded as "explore")."""
+        return self._start(role, env, flags, "explore")
+
+    def _start(self, role, env, flags, arm_name):
         engine = self.engines.get(role, env=env, **flags)
+        engine.arm = arm_name
         started = f", started in {engine.server.startup_s:.1f} s" if engine.server else ""
-        print(f"[{engine.label}] {engine.command}{started}")
+        print(f"[{arm_name or engine.label}] {engine.command}{started}")
+        self.results.add_engine(engine)
         return engine
+
+    def arm(self, arm: str | Arm):
+        """The engine of a declared arm, or None (noted and printed) when this
+        target cannot serve it: a remote server with other flags, or an
+        `optional` arm whose server failed to start (its log's root cause)."""
+        a = self.plan.arm(arm) if self.plan is not None else arm
+        if not isinstance(a, Arm):
+            raise ConfigError(f"{self.name} has no plan: pass plan= to lab.setup")
+        try:
+            return self.engine(a.role, env=a.env or None, **dict(a.flags))
+        except ArmUnavailable as exc:
+            self.skip(a, str(exc))
+        except ServerError as exc:
+            if not a.optional:
+                raise
+            from .vllm_logs import root_cause
+            self.engines.close()  # a server that failed to start leaves nothing behind
+            self.skip(a, f"its server did not start: {root_cause(str(exc)) or exc}")
+        return None
+
+    def skip(self, arm: str | Arm, why: str) -> None:
+        """Note (in the results) and print that an arm did not run, and why."""
+        name = arm.name if isinstance(arm, Arm) else arm
+        msg = f"arm {name!r} skipped: {why}"
+        self.results.note(msg)
+        self.results.data.setdefault("skipped_arms", {})[name] = why
+        self.results.save()
+        print(msg)
 
     def close(self) -> None:
         self.engines.close()
         self.results.save()
 
 
-def setup(name: str, namespace: dict[str, Any]) -> NotebookContext:
+def setup(name: str, namespace: dict[str, Any],
+          plan: Callable[[Profile, Mapping[str, Any]], Plan] | None = None) -> NotebookContext:
     """Check the parameters in `namespace` (the notebook's globals) against the
     notebook's own defaults, then load the profile and open results and engines.
     Under LAB_SMOKE=1 the notebook's smoke parameters replace them, in
-    `namespace` too (`lab_utils.smoke`)."""
+    `namespace` too (`lab_utils.smoke`). `plan` is the experiment module's
+    `plan(profile, params)`: the engines this notebook may start (`lab_utils.arms`),
+    checked, printed and written to the results before anything starts."""
     from . import smoke
     defaults = parameter_defaults(f"{name}.ipynb")
     params = {k: namespace[k] for k in defaults if k in namespace}
@@ -103,8 +158,15 @@ def setup(name: str, namespace: dict[str, Any]) -> NotebookContext:
     if changed:
         results.data["smoke"] = True
     results.save()
-    engines = EnginePool(profile, log_dir=results_dir / "logs" / name)
-    return NotebookContext(name, profile, engines, results, params)
+    declared = None
+    if plan is not None:
+        declared = plan(profile, params).check()
+        results.data["plan"] = declared.to_dict()
+        results.save()
+        print(declared.describe())
+    engines = EnginePool(profile, log_dir=results_dir / "logs" / name,
+                         keep=declared.keep if declared else 1)
+    return NotebookContext(name, profile, engines, results, params, declared)
 
 
 def explore(function: Callable[..., Any], **controls: Any):

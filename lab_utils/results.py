@@ -91,6 +91,9 @@ class Results:
 
     def add_engine(self, engine) -> None:
         desc = engine.describe()
+        arm = getattr(engine, "arm", None)
+        if arm:  # the plan's arm it serves (lab_utils.arms), or "explore"
+            desc["arm"] = arm
         if not any(e["command"] == desc["command"] for e in self.data["engines"]):
             self.data["engines"].append(desc)
             self.data["environment"] = environment(engine)

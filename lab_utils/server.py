@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .arms import engine_key
 from .counters import cache_config
 # ServerError lives in .errors so that counters and http raise it without
 # importing this module; `from lab_utils.server import ServerError` still works.
@@ -249,6 +250,7 @@ class Engine:
     api_key: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
     role: str | None = None          # another model of the profile (e.g. "awq")
+    arm: str | None = None           # the notebook plan's arm it serves (lab_utils.arms)
 
     @property
     def command(self) -> str:
@@ -278,10 +280,7 @@ class Engine:
 
 def flags_label(flags: Mapping[str, Any]) -> str:
     """Canonical text for a flag set: 'baseline' or 'k=v,k2=v2' (sorted)."""
-    if not flags:
-        return "baseline"
-    return ",".join(f"{k}={json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v}"
-                    for k, v in sorted(flags.items()))
+    return engine_key(flags=flags)
 
 
 def _server_model_name(base_url: str, api_key: str | None) -> str:
@@ -316,7 +315,7 @@ class EnginePool:
         env = {str(k): str(v) for k, v in (env or {}).items()}
         label = {**flags, **({"model_role": role} if role else {}),
                  **{f"env:{k}": v for k, v in env.items()}}
-        key = flags_label(label)
+        key = engine_key(role, flags, env)
         engine = self._engines.get(key)
         if engine is not None and (engine.server is None or engine.server.alive):
             return engine

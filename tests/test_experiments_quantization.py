@@ -53,7 +53,7 @@ def test_gpu_profile_names_real_checkpoints_for_the_shared_roles():
     gpu = load_profile("gpu")
     for role in ("awq", "gptq_int4", "gptq_int8", "fp8"):
         assert "/" in q.role_model(gpu, role)
-    table = q.plan(gpu, q.default_arms(gpu) + ["int8_w8a8"])
+    table = q.arm_table(gpu, q.default_arms(gpu) + ["int8_w8a8"])
     assert table.loc["awq_bf16", "available"] and table.loc["fp8_bf16", "available"]
     assert not table.loc["int8_w8a8", "available"]     # no such role in gpu.toml (yet)
     assert table.loc["awq_bf16", "reference"] == "full_bf16"
@@ -61,7 +61,7 @@ def test_gpu_profile_names_real_checkpoints_for_the_shared_roles():
 
 def test_plan_skips_role_arms_on_remote():
     remote = load_profile("remote", base_url="http://127.0.0.1:1")
-    table = q.plan(remote, ["int8_w8a8"])
+    table = q.arm_table(remote, ["int8_w8a8"])
     assert table.loc["full", "available"]
     assert not table.loc["int8_w8a8", "available"]
 

@@ -125,14 +125,15 @@ def test_04_ngram_drafts_are_accepted_on_code_edits_and_outputs_stay_identical(s
 def test_05_every_arm_is_measured_or_skipped_with_the_probes_reason(smoke_results):
     from lab_utils.experiments import quantization as q
     data = results_of(smoke_results, "05_quantization")
-    plan = data["arm_plan"]
+    plan, skipped = data["plan"], data.get("skipped_arms", {})
     measured = {a["arm"] for label, a in data["arms"].items() if label.endswith("/latency")}
-    for name in plan["asked"]:
-        if name in plan["skipped"]:
-            assert "on this machine" in plan["skipped"][name], plan["skipped"][name]
+    for name in [a["arm"] for a in plan["arms"]]:
+        if name in skipped:
             assert name not in measured
         else:
             assert name in measured, f"{name} was runnable here but not measured: {data['notes']}"
+    for note in plan["notes"]:  # left out of the plan: by this machine's probe, or no model
+        assert "on this machine" in note or "names no model" in note, note
     assert not [n for n in data["notes"] if " failed: " in n], data["notes"]
     # An INT8 checkpoint stores a byte per linear weight instead of 2 (bf16) or
     # 4 (float32): under half the full checkpoint (embedding and norms stay full).

@@ -9,10 +9,16 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from .. import arms
 from ..client import Load
 from ..metrics import records_frame
 from ..results import Results, measure
 from ..workloads import synthetic_specs, tokenizer_for
+
+def plan(profile, params) -> arms.Plan:
+    """One engine: the profile's own flags (every other notebook's baseline)."""
+    return arms.Plan("00_baseline", (arms.Arm("baseline", title="the profile's engine flags"),))
+
 
 # Every call draws new prompt text, so vLLM's prefix cache (on by default)
 # cannot serve a repeat of an earlier prompt and hide the prefill cost.

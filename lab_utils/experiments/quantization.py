@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .. import arms
+from ..arms import ROLE
 from ..client import Load, RequestSpec
 from ..host import EngineCPU, group_rss
 from ..http import post_json
@@ -64,6 +66,9 @@ class Arm:
     reference: str | None = None      # the arm it differs from in one knob
     weights: str = "full"             # "full", "int8", "int4", "fp8"
     claim: str | None = None          # the article's claim it tests: "int8" / "int4"
+    #: what it changes against `reference` (lab_utils.arms): a GPTQ/AWQ
+    #: checkpoint is read only with its --quantization, so those move together
+    knob: str | tuple[str, ...] | None = None
 
     @property
     def quantized(self) -> bool:
@@ -71,40 +76,43 @@ class Arm:
 
 
 _BF16 = {"dtype": "bfloat16"}
+_CKPT = (ROLE, "quantization")
 
 ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("full", "full precision (profile dtype)"),
-    Arm("full_bf16", "full precision, bfloat16", dict(_BF16), reference="full"),
+    Arm("full_bf16", "full precision, bfloat16", dict(_BF16), reference="full", knob="dtype"),
     Arm("int8_w8a8", "W8A8-INT8 checkpoint", role="int8_w8a8", reference="full",
-        weights="int8", claim="int8"),
+        weights="int8", claim="int8", knob=ROLE),
     Arm("int8_w8a8_bf16", "W8A8-INT8 checkpoint, bfloat16", dict(_BF16), role="int8_w8a8",
-        reference="full_bf16", weights="int8", claim="int8"),
+        reference="full_bf16", weights="int8", claim="int8", knob=ROLE),
     # vLLM 0.32's int8_per_channel_weight_only quantizes MoE experts only
     # (vllm/config/quantization.py: "linear stays unquantized"): on a dense
     # model like SmolLM2 or Qwen2.5 it changes no weight. Kept as a control.
     Arm("int8_online", "online INT8 weight-only (MoE layers only), profile dtype",
-        {"quantization": "int8_per_channel_weight_only"}, reference="full", weights="int8-moe"),
+        {"quantization": "int8_per_channel_weight_only"}, reference="full", weights="int8-moe",
+        knob="quantization"),
     Arm("int4_w4a16", "W4A16-INT4 checkpoint (profile dtype)", role="int4_w4a16",
-        reference="full", weights="int4", claim="int4"),
+        reference="full", weights="int4", claim="int4", knob=ROLE),
     Arm("int8_online_bf16", "online INT8 weight-only (MoE layers only), bfloat16",
         {**_BF16, "quantization": "int8_per_channel_weight_only"}, reference="full_bf16",
-        weights="int8-moe"),
+        weights="int8-moe", knob="quantization"),
     Arm("int4_w4a16_bf16", "W4A16-INT4 checkpoint, bfloat16", dict(_BF16), role="int4_w4a16",
-        reference="full_bf16", weights="int4", claim="int4"),
+        reference="full_bf16", weights="int4", claim="int4", knob=ROLE),
     Arm("gptq_int4_bf16", "GPTQ-format INT4 checkpoint, bfloat16",
         {**_BF16, "quantization": "gptq"}, role="gptq_int4", reference="full_bf16",
-        weights="int4", claim="int4"),
+        weights="int4", claim="int4", knob=_CKPT),
     Arm("awq_bf16", "AWQ-format INT4 checkpoint, bfloat16", {**_BF16, "quantization": "awq"},
-        role="awq", reference="full_bf16", weights="int4", claim="int4"),
+        role="awq", reference="full_bf16", weights="int4", claim="int4", knob=_CKPT),
     Arm("gptq_int8_bf16", "GPTQ-format INT8 checkpoint, bfloat16",
         {**_BF16, "quantization": "gptq"}, role="gptq_int8", reference="full_bf16",
-        weights="int8", claim="int8"),
+        weights="int8", claim="int8", knob=_CKPT),
     Arm("int8_w8a16_bf16", "W8A16-INT8 checkpoint, bfloat16", dict(_BF16), role="int8_w8a16",
-        reference="full_bf16", weights="int8", claim="int8"),
+        reference="full_bf16", weights="int8", claim="int8", knob=ROLE),
     Arm("fp8_online_bf16", "online FP8 per channel (weights + dynamic activations), bfloat16",
-        {**_BF16, "quantization": "fp8_per_channel"}, reference="full_bf16", weights="fp8"),
+        {**_BF16, "quantization": "fp8_per_channel"}, reference="full_bf16", weights="fp8",
+        knob="quantization"),
     Arm("fp8_bf16", "FP8 checkpoint, bfloat16", dict(_BF16), role="fp8", reference="full_bf16",
-        weights="fp8"),
+        weights="fp8", knob=ROLE),
 )}
 
 #: The quantized arms a notebook run compares by default on GPUs (each brings
@@ -165,25 +173,6 @@ def runnable_here(profile: Profile, name: str, caps=None) -> str:
         return caps.reason(cand) if profile.device == "cpu" and not profile.is_remote else ""
     from .. import capabilities
     return capabilities.why_not(profile, cand)
-
-
-def runnable_arms(ctx, names: Sequence[str]) -> list[str]:
-    """`names` without the arms this machine cannot run (each noted and printed
-    with the probe's reason), so that no reference is started for nothing."""
-    keep, skipped = [], {}
-    for n in names:
-        why = runnable_here(ctx.profile, n)
-        if why:
-            skipped[n] = why
-            msg = f"arm {n!r} skipped: {why}"
-            ctx.results.note(msg)
-            print(msg)
-        else:
-            keep.append(n)
-    # What was asked for and why some did not run, for the report and the tests.
-    ctx.results.data["arm_plan"] = {"asked": list(names), "runnable": keep, "skipped": skipped}
-    ctx.results.save()
-    return keep
 
 
 def support_table(profile: Profile, names: Sequence[str] | None = None, caps=None) -> pd.DataFrame:
@@ -253,8 +242,9 @@ def role_model(profile: Profile, role: str | None) -> str | None:
     return None
 
 
-def plan(profile: Profile, names: Sequence[str]) -> pd.DataFrame:
-    """Which arms run on this profile and why not, before starting anything."""
+def arm_table(profile: Profile, names: Sequence[str]) -> pd.DataFrame:
+    """Which arms of `names` (with their references) the profile can serve and
+    why not: its models and flags, before starting anything."""
     rows = []
     for n in with_references(names):
         a = arm(n)
@@ -269,6 +259,42 @@ def plan(profile: Profile, names: Sequence[str]) -> pd.DataFrame:
                      "flags": json.dumps(dict(a.flags)), "available": not reason,
                      "skip_reason": reason})
     return pd.DataFrame(rows).set_index("arm")
+
+
+def plan(profile: Profile, params: Mapping[str, Any], caps=None) -> arms.Plan:
+    """The notebook's engines: the arms asked for (`params["arms"]`, or
+    `default_arms`), each preceded by its one-knob reference, without the arms
+    this target cannot serve (each in the plan's notes with the reason: this
+    machine's probe, a role the profile has no model for, a remote server).
+    The first arm is the baseline; a reference left out leaves its arms out."""
+    asked = list(params.get("arms") or default_arms(profile, caps))
+    notes, keep = [], []
+    table = arm_table(profile, asked)
+    for n in with_references(asked):
+        why = runnable_here(profile, n, caps) or table.loc[n, "skip_reason"]
+        ref = arm(n).reference if arm(n).quantized else None
+        if not why and ref and ref not in keep:
+            why = f"its reference {ref!r} cannot run here"
+        if why:
+            notes.append(f"arm {n!r} skipped: {why}")
+        else:
+            keep.append(n)
+    out = []
+    for i, n in enumerate(keep):
+        a, ref, knob = arm(n), None, None
+        if a.reference in keep[:i]:
+            ref, knob = a.reference, a.knob
+        elif i:  # e.g. float32 after bfloat16: compared the other way round
+            back = next((m for m in keep[:i] if arm(m).reference == n), None)
+            if back is None:
+                raise ConfigError(f"arm {n!r} has no one-knob reference among {keep[:i]}: "
+                                  f"ask for {a.reference!r} too")
+            ref, knob = back, arm(back).knob
+        out.append(arms.Arm(n, dict(a.flags), a.role, knob=knob, reference=ref, title=a.title))
+    if not out:
+        raise ConfigError(f"05_quantization: no arm of {asked} can run on profile "
+                          f"{profile.name!r}: " + "; ".join(notes))
+    return arms.Plan("05_quantization", tuple(out), notes=tuple(notes))
 
 
 def _with_role(profile: Profile, role: str, model: str) -> Profile:
@@ -310,32 +336,19 @@ def workload_tokenizer(ctx) -> Tokenizer:
     return tokenizer_for(ctx.engine())
 
 
-def engine_for(ctx, a: Arm, *, progress: bool = True):
-    """Start (or reuse) the engine of arm `a`, or None (noted) if this target
-    cannot serve it: the remote profile, a role the profile lacks, or (cpu
-    profile) a format this machine's probe saw fail. On the cpu profile a role
-    the profile does not name yet is built with `lab_utils.quantize` and added
-    to the profile in memory."""
+def engine_for(ctx, a: Arm, *, progress: bool = True, planned: bool = True):
+    """Start (or reuse) the engine of arm `a` (`ctx.arm`: one of the plan's,
+    or, `planned=False`, any arm for Explore), or None (noted) if this target
+    cannot serve it. On the cpu profile a role the profile does not name yet is
+    built with `lab_utils.quantize` and added to the profile in memory."""
     profile = ctx.profile
-    why_not = runnable_here(profile, a.name)
-    if why_not:
-        why = f"arm {a.name!r} skipped: {why_not}"
-        ctx.results.note(why)
-        print(why)
-        return None
-    if a.role and profile.is_remote:
-        why = (f"arm {a.name!r} skipped: it needs a server for the {a.role!r} model; the "
-               "remote profile talks to one server")
-        ctx.results.note(why)
-        print(why)
-        return None
-    if a.role and a.role not in profile.models:
-        if profile.device != "cpu" or a.role not in CPU_ROLE_RECIPES:
-            why = (f"arm {a.name!r} skipped: profile {profile.name!r} names no model for "
-                   f"role {a.role!r}")
-            ctx.results.note(why)
-            print(why)
+    if not planned:
+        why = runnable_here(profile, a.name) or arm_table(profile, [a.name]).loc[a.name,
+                                                                               "skip_reason"]
+        if why:
+            print(f"arm {a.name!r} cannot run here: {why}")
             return None
+    if a.role and a.role not in profile.models:
         from .. import quantize
         recipe = CPU_ROLE_RECIPES[a.role]
         if not quantize.is_ready(recipe):
@@ -344,12 +357,9 @@ def engine_for(ctx, a: Arm, *, progress: bool = True):
         path = quantize.ensure_quantized_model(recipe, progress=progress)
         ctx.profile = ctx.engines.profile = _with_role(profile, a.role, str(path))
     print(f"arm {a.name}: {a.title}" + (f" (model role {a.role!r})" if a.role else ""))
-    try:
-        return ctx.engine(role=a.role, **dict(a.flags))
-    except ArmUnavailable as exc:
-        ctx.results.note(f"arm {a.name!r} skipped: {exc}")
-        print(f"arm {a.name!r} skipped: {exc}")
-        return None
+    if planned:
+        return ctx.arm(a.name)
+    return ctx.any_engine(a.role, **dict(a.flags))
 
 
 # --------------------------------------------------------------------------
@@ -603,11 +613,12 @@ class Workload:
                    quality_specs(questions, answer_tokens), quality_concurrency)
 
 
-def measure_arm(ctx, a: Arm, work: Workload, *, progress: bool = True) -> dict[str, pd.DataFrame]:
+def measure_arm(ctx, a: Arm, work: Workload, *, progress: bool = True,
+                planned: bool = True) -> dict[str, pd.DataFrame]:
     """All measurements of one arm on one engine start: weight memory, one
     warm-up request, perplexity windows, sequential latency requests, and the
     quality questions (a few in flight: answers are greedy either way)."""
-    engine = engine_for(ctx, a, progress=progress)
+    engine = engine_for(ctx, a, progress=progress, planned=planned)
     if engine is None:
         return {}
     memory = weight_memory(engine)
@@ -648,14 +659,13 @@ def measure_arm(ctx, a: Arm, work: Workload, *, progress: bool = True) -> dict[s
             "answers": answers, "memory": mem, "compute": pd.DataFrame([cost])}
 
 
-def run_arms(ctx, names: Sequence[str], work: Workload, *,
-             progress: bool = True) -> dict[str, pd.DataFrame]:
-    """Every arm in `names` (plus their references, first), one engine start
-    each, in order. Returns concatenated frames: latency, perplexity, answers,
-    memory. Arms the target cannot serve are skipped and noted."""
+def run_arms(ctx, work: Workload, *, progress: bool = True) -> dict[str, pd.DataFrame]:
+    """Every arm of the notebook's plan, one engine start each, in order.
+    Returns concatenated frames: latency, perplexity, answers, memory. Arms
+    the target cannot serve are skipped and noted."""
     frames: dict[str, list[pd.DataFrame]] = {"latency": [], "itl": [], "perplexity": [],
                                              "answers": [], "memory": [], "compute": []}
-    for n in with_references(names):
+    for n in ctx.plan.names:
         try:
             got = measure_arm(ctx, arm(n), work, progress=progress)
         except (ServerError, RuntimeError) as exc:
@@ -783,7 +793,8 @@ def quality_breakdown(model_dir: str | Path, windows: Sequence[Sequence[int]],
 def explore_arm(ctx, name: str, work: Workload) -> pd.DataFrame:
     """Explore: measure one arm again (its engine is reused if it is the one
     running) and show its latency percentiles and perplexity."""
-    got = measure_arm(ctx, arm(name), work, progress=False)
+    got = measure_arm(ctx, arm(name), work, progress=False,
+                      planned=ctx.plan.find(arm(name).role, arm(name).flags) is not None)
     if not got:
         return pd.DataFrame()
     lat = got["latency"]
@@ -924,7 +935,6 @@ __all__ = [
     "arm",
     "choose_cpu_arms",
     "probe_name",
-    "runnable_arms",
     "runnable_here",
     "support_table",
     "checkpoint_bytes",
@@ -941,6 +951,7 @@ __all__ = [
     "perplexity",
     "perplexity_windows",
     "plan",
+    "arm_table",
     "plot_latency",
     "plot_speed_vs_quality",
     "prepare_checkpoints",
