@@ -12,7 +12,7 @@ import datetime as _dt
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +144,14 @@ class Results:
         self.data["findings"].append(finding)
         self.save()
         return _clean(finding)
+
+    def add_findings(self, findings: Iterable[Mapping[str, Any]]):
+        """Record each finding of an experiment module's `findings(...)` (a list
+        of `add_finding` keyword sets: the one way notebooks record findings)
+        and return the findings table."""
+        for finding in findings:
+            self.add_finding(**finding)
+        return self.findings_frame()
 
     def note(self, text: str) -> None:
         self.data["notes"].append(text)
