@@ -12,6 +12,7 @@ from lab_utils import quantize as qz
 from lab_utils.experiments import quantization as q
 from lab_utils.profiles import ConfigError, load_profile
 from lab_utils.workloads import Tokenizer
+from lab_utils.vllm_logs import root_cause
 
 # ---------------------------------------------------------------- arms
 
@@ -88,57 +89,6 @@ def test_compute_cost():
 
 
 # ---------------------------------------------------------------- quality
-
-
-def test_prompt_nll_and_perplexity():
-    ids = [5, 7, 9]
-    lps = [None, {"7": {"logprob": math.log(0.5), "rank": 1}},
-           {"9": {"logprob": math.log(0.25), "rank": 3}, "4": {"logprob": -0.1}}]
-    nll, n = q.prompt_nll(ids, lps)
-    assert n == 2 and nll == pytest.approx(-math.log(0.5) - math.log(0.25))
-    assert q.perplexity(nll, n) == pytest.approx(math.sqrt(8))
-    assert math.isnan(q.perplexity(0.0, 0))
-    with pytest.raises(ValueError, match="lack the prompt token"):
-        q.prompt_nll([1, 2], [None, {"3": {"logprob": -1.0}}])
-    with pytest.raises(ValueError, match="prompt logprobs for"):
-        q.prompt_nll([1, 2, 3], [None])
-
-
-def test_perplexity_windows_are_fixed_and_exact():
-    tok = Tokenizer(lambda t: [ord(c) for c in t], lambda ids: "".join(map(chr, ids)), "chars")
-    a = q.perplexity_windows(tok, 2, 100)
-    assert [len(w) for w in a] == [100, 100] and a[0] != a[1]
-    assert a == q.perplexity_windows(tok, 2, 100)
-    with pytest.raises(ValueError):
-        q.perplexity_windows(tok, 99, 10)
-
-
-@pytest.mark.parametrize("answer, expect, ok", [
-    ("The capital of France is Paris.", ["paris"], True),
-    ("PARIS", ["paris"], True),
-    ("Lyon", ["paris"], False),
-    (None, ["x"], False),
-])
-def test_is_correct(answer, expect, ok):
-    assert q.is_correct(answer, expect) is ok
-
-
-def test_agreement():
-    answers = pd.DataFrame([
-        {"arm": "full", "id": "k1", "answer": "Paris.", "correct": True},
-        {"arm": "full", "id": "k2", "answer": "Rome", "correct": True},
-        {"arm": "full", "id": "k3", "answer": "dunno", "correct": False},
-        {"arm": "int8", "id": "k1", "answer": " paris. ", "correct": True},
-        {"arm": "int8", "id": "k2", "answer": "Milan", "correct": False},
-        {"arm": "int8", "id": "k3", "answer": "no idea", "correct": False},
-    ])
-    ag = q.agreement(answers, "int8", "full")
-    assert ag["questions"] == 3
-    assert ag["identical"] == pytest.approx(1 / 3)
-    assert ag["same_verdict"] == pytest.approx(2 / 3)
-    assert ag["accuracy"] == pytest.approx(1 / 3)
-    assert ag["reference_accuracy"] == pytest.approx(2 / 3)
-    assert q.agreement(answers, "int8", "nothing")["questions"] == 0
 
 
 # ---------------------------------------------------------------- logs, tables
@@ -392,9 +342,9 @@ def test_root_cause_skips_the_generic_wrapper():
            "(Worker pid=2) ERROR 11-30 [multiproc_executor.py:953] ValueError: Marlin does not "
            "support weight_bits = uint8b128.\n"
            "(Worker pid=2) ERROR NotImplementedError: later\n")
-    assert q.root_cause(log) == "ValueError: Marlin does not support weight_bits = uint8b128."
-    assert q.root_cause("all fine\n") == ""
-    assert q.root_cause('    raise NotImplementedError("x")\nNotImplementedError: "cpu_gemm_wna16" '
+    assert root_cause(log) == "ValueError: Marlin does not support weight_bits = uint8b128."
+    assert root_cause("all fine\n") == ""
+    assert root_cause('    raise NotImplementedError("x")\nNotImplementedError: "cpu_gemm_wna16" '
                         "not implemented for 'Float'\n").startswith("NotImplementedError: ")
 
 

@@ -34,18 +34,21 @@ from .. import arms
 from ..arms import ROLE
 from ..client import Load, RequestSpec
 from ..host import EngineCPU, group_rss
-from ..http import post_json
 from ..profiles import ConfigError, Profile
+from ..quality import (
+    agreement,
+    answer_specs,
+    answers_frame,
+    perplexity,
+    score_text,
+    text_windows,
+)
 from ..results import Results, measure
-from ..server import ArmUnavailable, ServerError
-from ..vllm_logs import parse_server_log, root_cause
+from ..server import ServerError
+from ..vllm_logs import parse_server_log
 from ..workloads import (
     Tokenizer,
-    answer_is_correct,
-    chat,
     local_tokenizer,
-    long_documents,
-    quality_questions,
     synthetic_specs,
     tokenizer_for,
     warm_up,
@@ -366,70 +369,6 @@ def engine_for(ctx, a: Arm, *, progress: bool = True, planned: bool = True):
 # Pure helpers (unit-tested without a server)
 # --------------------------------------------------------------------------
 
-def perplexity_windows(tok: Tokenizer, windows: int, tokens: int) -> list[list[int]]:
-    """`windows` token-id windows of exactly `tokens` ids, each from the start
-    of a different shipped document (datasets/long_documents.jsonl): the fixed
-    text every arm is scored on."""
-    docs = long_documents()
-    if windows > len(docs):
-        raise ValueError(f"at most {len(docs)} windows (one per document), got {windows}")
-    out = []
-    for doc in docs[:windows]:
-        ids = list(tok.encode(doc["text"]))
-        if len(ids) < tokens:
-            raise ValueError(f"document {doc['id']} has {len(ids)} tokens < {tokens}")
-        out.append(ids[:tokens])
-    return out
-
-
-def prompt_nll(prompt_ids: Sequence[int],
-               prompt_logprobs: Sequence[Mapping | None]) -> tuple[float, int]:
-    """(sum of -log p(token | previous tokens), tokens scored) from vLLM's
-    `prompt_logprobs`: entry i is None for the first token, else a dict keyed
-    by token id (a string in JSON) holding the actual token's logprob."""
-    if len(prompt_logprobs) != len(prompt_ids):
-        raise ValueError(f"{len(prompt_logprobs)} prompt logprobs for {len(prompt_ids)} tokens")
-    total, n = 0.0, 0
-    for tid, entry in zip(prompt_ids, prompt_logprobs):
-        if entry is None:
-            continue
-        item = entry.get(str(tid), entry.get(tid))
-        if item is None:
-            raise ValueError(f"prompt logprobs lack the prompt token {tid}")
-        lp = item["logprob"] if isinstance(item, Mapping) else float(item)
-        total -= float(lp)
-        n += 1
-    return total, n
-
-
-def perplexity(nll_sum: float, tokens: int) -> float:
-    return math.exp(nll_sum / tokens) if tokens else math.nan
-
-
-is_correct = answer_is_correct  # the dataset's rule (lab_utils.workloads)
-
-
-def normalise_answer(text: str | None) -> str:
-    return " ".join((text or "").split()).lower()
-
-
-def agreement(answers: pd.DataFrame, arm_name: str, reference: str) -> dict[str, float]:
-    """Greedy answers of `arm_name` against `reference`, question by question:
-    share of identical texts (whitespace/case folded), share with the same
-    verdict (both right or both wrong), and the accuracies."""
-    a = answers[answers.arm == arm_name].set_index("id")
-    b = answers[answers.arm == reference].set_index("id")
-    common = a.index.intersection(b.index)
-    if not len(common):
-        return {"questions": 0, "identical": math.nan, "same_verdict": math.nan,
-                "accuracy": math.nan, "reference_accuracy": math.nan}
-    a, b = a.loc[common], b.loc[common]
-    same = [normalise_answer(x) == normalise_answer(y) for x, y in zip(a.answer, b.answer)]
-    return {"questions": len(common), "identical": float(np.mean(same)),
-            "same_verdict": float(np.mean(a.correct.to_numpy() == b.correct.to_numpy())),
-            "accuracy": float(a.correct.mean()), "reference_accuracy": float(b.correct.mean())}
-
-
 def checkpoint_bytes(model_dir: str | Path) -> int | None:
     """Bytes of the weight files of a local model folder (None for hub ids)."""
     path = Path(model_dir)
@@ -512,31 +451,6 @@ def claim_verdict(claim: str | None, ppl_change_pct: float, *, compute_speedup: 
 # Talking to the server
 # --------------------------------------------------------------------------
 
-def prompt_logprobs(engine, prompt_ids: Sequence[int]) -> list:
-    """vLLM's `prompt_logprobs` of a token-id prompt: a non-streaming
-    completions request with `max_tokens=1` and the vLLM extra parameter
-    `prompt_logprobs=0` (only the prompt token's own logprob)."""
-    body = {"model": engine.model, "prompt": list(prompt_ids), "max_tokens": 1,
-            "temperature": 0.0, "prompt_logprobs": 0}
-    out = post_json(engine, "/v1/completions", body)
-    lps = out["choices"][0].get("prompt_logprobs")
-    if lps is None:
-        raise ServerError("the server returned no prompt_logprobs (is it vLLM?)")
-    return lps
-
-
-def score_text(engine, windows: Sequence[Sequence[int]]) -> pd.DataFrame:
-    """Perplexity of each fixed window, from the server's prompt logprobs."""
-    import time
-    rows = []
-    for i, ids in enumerate(windows):
-        t0 = time.perf_counter()
-        nll, n = prompt_nll(ids, prompt_logprobs(engine, ids))
-        rows.append({"window": i, "tokens": n, "nll_sum": nll, "perplexity": perplexity(nll, n),
-                     "request_s": time.perf_counter() - t0})
-    return pd.DataFrame(rows)
-
-
 def compute_cost(prefill_cpu_s: float | None, total_cpu_s: float | None, requests: int,
                  output_tokens: int) -> dict[str, float]:
     """Worker CPU ms per prefill and per decode step, from a prefill-only run
@@ -568,13 +482,6 @@ def weight_memory(engine) -> dict[str, Any]:
     if "kv_cache_tokens" not in out and cache.get("num_gpu_blocks") and cache.get("block_size"):
         out["kv_cache_tokens"] = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
     return out
-
-
-def quality_specs(n: int, max_tokens: int) -> list[RequestSpec]:
-    """The first `n` questions of datasets/quality_questions.jsonl, greedy."""
-    qs = quality_questions()[:n]
-    return [RequestSpec(messages=chat(q["question"]), max_tokens=max_tokens, temperature=0.0,
-                        tag=q["id"]) for q in qs]
 
 
 def latency_specs(tok: Tokenizer, n: int, prompt_tokens: int, output_tokens: int,
@@ -609,8 +516,8 @@ class Workload:
               quality_concurrency: int = 8) -> Workload:
         return cls(latency_specs(tok, requests, prompt_tokens, output_tokens),
                    latency_specs(tok, requests, prompt_tokens, 1, seed=900),
-                   perplexity_windows(tok, ppl_windows, ppl_tokens),
-                   quality_specs(questions, answer_tokens), quality_concurrency)
+                   text_windows(tok, ppl_windows, ppl_tokens),
+                   answer_specs(questions, answer_tokens), quality_concurrency)
 
 
 def measure_arm(ctx, a: Arm, work: Workload, *, progress: bool = True,
@@ -646,11 +553,7 @@ def measure_arm(ctx, a: Arm, work: Workload, *, progress: bool = True,
     ctx.results.save()
     ans = measure(engine, work.questions, Load.concurrent(work.quality_concurrency),
                   label=f"{a.name}/answers", results=ctx.results, progress=progress, arm=a.name)
-    qs = {q["id"]: q for q in quality_questions()}
-    answers = pd.DataFrame([{"arm": a.name, "id": r.tag, "question": qs[r.tag]["question"],
-                             "answer": r.text, "ok": r.ok,
-                             "correct": is_correct(r.text, qs[r.tag]["answer_contains"])}
-                            for r in ans.records])
+    answers = answers_frame(ans.records, arm=a.name)
     mem = pd.DataFrame([{"arm": a.name, **{k: v for k, v in memory.items() if k != "kernels"},
                          "kernels": ", ".join(memory.get("kernels", []))}])
     itl = pd.DataFrame({"arm": a.name,
@@ -944,24 +847,18 @@ __all__ = [
     "default_arms",
     "engine_for",
     "explore_arm",
-    "is_correct",
     "latency_specs",
     "measure_arm",
     "parse_server_log",
     "perplexity",
-    "perplexity_windows",
     "plan",
     "arm_table",
     "plot_latency",
     "plot_speed_vs_quality",
     "prepare_checkpoints",
-    "prompt_logprobs",
-    "prompt_nll",
     "quality_breakdown",
-    "quality_specs",
     "record_findings",
     "role_model",
-    "root_cause",
     "run_arms",
     "score_text",
     "summarize",

@@ -1,0 +1,182 @@
+"""Quality of what an engine serves, measured the same way in every notebook
+that changes numerics (quantization, KV-cache dtype, a smaller model tier).
+
+Two signals, both from the server itself:
+
+* **Log-probs of fixed text** (teacher forcing): vLLM's `prompt_logprobs`
+  extra parameter returns, for each prompt token, the log-prob the model gives
+  it after the tokens before it, and the model's own top-1 token there. From
+  them: perplexity, per-token log-prob differences between two arms, and top-1
+  agreement. Same token ids for every arm, so differences are the numerics.
+* **Greedy answers** to the shipped quality questions (temperature 0): the
+  dataset's correctness rule (`workloads.answer_is_correct`) and agreement
+  between two arms' answers.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .client import Load, RequestSpec
+from .errors import ServerError
+from .http import post_json
+from .workloads import Tokenizer, answer_is_correct, chat, long_documents, quality_questions
+
+
+def text_windows(tok: Tokenizer, windows: int, tokens: int, *, first_doc: int = 0) -> list[list[int]]:
+    """`windows` token-id windows of exactly `tokens` ids, each from the start
+    of a different shipped document (datasets/long_documents.jsonl, from
+    `first_doc` on): the fixed text every arm is scored on."""
+    docs = long_documents()[first_doc:]
+    if windows > len(docs):
+        raise ValueError(f"at most {len(docs)} windows (one per document), got {windows}")
+    out = []
+    for doc in docs[:windows]:
+        ids = list(tok.encode(doc["text"]))
+        if len(ids) < tokens:
+            raise ValueError(f"document {doc['id']} has {len(ids)} tokens, fewer than {tokens}")
+        out.append(ids[:tokens])
+    return out
+
+
+def token_logprobs(prompt_ids: Sequence[int], prompt_logprobs: Sequence[Mapping | None]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """From a completions response's `prompt_logprobs` (one entry per prompt
+    position: None for the first, else a dict keyed by token id — a string in
+    JSON — of {"logprob", "rank"} or of bare log-probs): the log-prob of each
+    actual prompt token after the first, and the model's top-1 token id at
+    each of those positions (-1 where the entry has no rank-1 token)."""
+    if len(prompt_logprobs) != len(prompt_ids):
+        raise ValueError(f"{len(prompt_logprobs)} prompt logprobs for {len(prompt_ids)} tokens")
+    logprobs, top1 = [], []
+    for i, (tid, entry) in enumerate(zip(prompt_ids, prompt_logprobs)):
+        if entry is None:
+            if i:
+                raise ValueError(f"prompt position {i} (after the first) has no log-probs")
+            continue
+        item = entry.get(str(tid), entry.get(tid))
+        if item is None:
+            raise ValueError(f"prompt logprobs lack the prompt token {tid}")
+        logprobs.append(float(item["logprob"] if isinstance(item, Mapping) else item))
+        best = [int(t) for t, v in entry.items() if isinstance(v, Mapping) and v.get("rank") == 1]
+        top1.append(best[0] if best else -1)
+    return np.asarray(logprobs, float), np.asarray(top1, int)
+
+
+def perplexity(nll_sum: float, tokens: int) -> float:
+    """exp(mean negative log-likelihood): `nll_sum` = -sum of log-probs."""
+    return math.exp(nll_sum / tokens) if tokens else math.nan
+
+
+def prompt_logprobs(engine, prompt_ids: Sequence[int], top: int = 1) -> list:
+    """vLLM's `prompt_logprobs` of a token-id prompt: one non-streaming
+    completions request, `max_tokens=1`, `prompt_logprobs=top` (the prompt
+    token's own log-prob plus the `top` most likely tokens, ranked)."""
+    body = {"model": engine.model, "prompt": list(prompt_ids), "max_tokens": 1,
+            "temperature": 0.0, "prompt_logprobs": top}
+    out = post_json(engine, "/v1/completions", body)
+    lps = out["choices"][0].get("prompt_logprobs")
+    if lps is None:
+        raise ServerError("the server returned no prompt_logprobs (is it vLLM?)")
+    return lps
+
+
+def score_text(engine, windows: Sequence[Sequence[int]]) -> pd.DataFrame:
+    """Perplexity of each fixed window from the server's prompt log-probs: one
+    row per window (tokens scored, nll_sum, perplexity, request seconds)."""
+    rows = []
+    for i, ids in enumerate(windows):
+        t0 = time.perf_counter()
+        lp, _ = token_logprobs(ids, prompt_logprobs(engine, ids))
+        nll = -float(lp.sum())
+        rows.append({"window": i, "tokens": int(lp.size), "nll_sum": nll,
+                     "perplexity": perplexity(nll, int(lp.size)),
+                     "request_s": time.perf_counter() - t0})
+    return pd.DataFrame(rows)
+
+
+def compare_logprobs(base: Mapping[str, np.ndarray], treated: Mapping[str, np.ndarray]
+                     ) -> dict[str, float]:
+    """Two arms on the same tokens ({"logprobs", "top1"} each): perplexity of
+    each, its change, the mean / p99 / largest absolute log-prob difference,
+    and top-1 (argmax) agreement."""
+    a, b = np.asarray(base["logprobs"], float), np.asarray(treated["logprobs"], float)
+    if a.shape != b.shape:
+        raise ValueError(f"different token counts: {a.shape} vs {b.shape}")
+    if not a.size:
+        return {"tokens": 0, **dict.fromkeys(
+            ("ppl_baseline", "ppl_treated", "ppl_change_pct", "mean_abs_logprob_diff",
+             "p99_abs_logprob_diff", "max_abs_logprob_diff", "top1_agreement"), math.nan)}
+    diff = np.abs(b - a)
+    ppl_a, ppl_b = perplexity(-a.sum(), a.size), perplexity(-b.sum(), b.size)
+    return {"tokens": int(a.size), "ppl_baseline": ppl_a, "ppl_treated": ppl_b,
+            "ppl_change_pct": (ppl_b - ppl_a) / ppl_a * 100,
+            "mean_abs_logprob_diff": float(diff.mean()),
+            "p99_abs_logprob_diff": float(np.percentile(diff, 99)),
+            "max_abs_logprob_diff": float(diff.max()),
+            "top1_agreement": float(np.mean(np.asarray(base["top1"]) == np.asarray(treated["top1"])))}
+
+
+def answer_specs(n: int, max_tokens: int = 24) -> list[RequestSpec]:
+    """Greedy chat requests for the first `n` shipped quality questions, each
+    tagged with its question id."""
+    qs = quality_questions()
+    if n > len(qs):
+        raise ValueError(f"at most {len(qs)} quality questions, got {n}")
+    return [RequestSpec(messages=chat(q["question"]), max_tokens=max_tokens, temperature=0.0,
+                        tag=q["id"]) for q in qs[:n]]
+
+
+def answers_frame(records, **columns: Any) -> pd.DataFrame:
+    """One row per answered question (records of `answer_specs` requests):
+    id, question, answer, ok, and whether it is correct by the dataset's rule."""
+    qs = {q["id"]: q for q in quality_questions()}
+    return pd.DataFrame([{**columns, "id": r.tag, "question": qs[r.tag]["question"],
+                          "answer": r.text, "ok": r.ok,
+                          "correct": answer_is_correct(r.text, qs[r.tag]["answer_contains"])}
+                         for r in records])
+
+
+def greedy_answers(engine, n: int, *, max_tokens: int = 24, concurrency: int = 8,
+                   label: str = "answers", results=None, progress: bool = False,
+                   **columns: Any) -> pd.DataFrame:
+    """The engine's greedy answers to the first `n` quality questions, a few
+    in flight (greedy answers do not depend on timing): `answers_frame`."""
+    from .results import measure
+    run = measure(engine, answer_specs(n, max_tokens), Load.concurrent(concurrency),
+                  label=label, results=results, progress=progress, **columns)
+    return answers_frame(run.records, **columns)
+
+
+def normalise_answer(text: str | None) -> str:
+    """Whitespace and case folded: two answers that differ only there agree."""
+    return " ".join((text or "").split()).lower()
+
+
+def agreement(answers: pd.DataFrame, arm_name: str, reference: str,
+              by: str = "arm") -> dict[str, float]:
+    """Greedy answers of `arm_name` against `reference` (rows of
+    `answers_frame` with an `arm` column), question by question: share of
+    identical texts (`normalise_answer`), share with the same verdict (both
+    right or both wrong), and the two accuracies."""
+    a = answers[answers[by] == arm_name].set_index("id")
+    b = answers[answers[by] == reference].set_index("id")
+    common = a.index.intersection(b.index)
+    if not len(common):
+        return {"questions": 0, "identical": math.nan, "same_verdict": math.nan,
+                "accuracy": math.nan, "reference_accuracy": math.nan}
+    a, b = a.loc[common], b.loc[common]
+    same = [normalise_answer(x) == normalise_answer(y) for x, y in zip(a.answer, b.answer)]
+    return {"questions": len(common), "identical": float(np.mean(same)),
+            "same_verdict": float(np.mean(a.correct.to_numpy() == b.correct.to_numpy())),
+            "accuracy": float(a.correct.mean()), "reference_accuracy": float(b.correct.mean())}
+
+
+__all__ = ["agreement", "answer_specs", "answers_frame", "compare_logprobs", "greedy_answers",
+           "normalise_answer", "perplexity", "prompt_logprobs", "score_text", "text_windows",
+           "token_logprobs"]

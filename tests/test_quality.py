@@ -1,0 +1,89 @@
+"""lab_utils.quality: log-probs of fixed text, perplexity, greedy answers and
+their agreement, on hand-written server responses."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lab_utils import quality
+from lab_utils.workloads import Tokenizer, answer_is_correct
+
+
+def test_token_logprobs_and_perplexity():
+    ids = [5, 7, 9]
+    lps = [None, {"7": {"logprob": math.log(0.5), "rank": 1}},
+           {"9": {"logprob": math.log(0.25), "rank": 3}, "4": {"logprob": -0.1}}]
+    lp, top1 = quality.token_logprobs(ids, lps)
+    assert lp.tolist() == pytest.approx([math.log(0.5), math.log(0.25)])
+    assert top1.tolist() == [7, -1]   # position 2's rank-1 token is not in the entry
+    assert quality.perplexity(-lp.sum(), lp.size) == pytest.approx(math.sqrt(8))
+    assert math.isnan(quality.perplexity(0.0, 0))
+    with pytest.raises(ValueError, match="lack the prompt token"):
+        quality.token_logprobs([1, 2], [None, {"3": {"logprob": -1.0}}])
+    with pytest.raises(ValueError, match="prompt logprobs for"):
+        quality.token_logprobs([1, 2, 3], [None])
+    with pytest.raises(ValueError, match="after the first"):
+        quality.token_logprobs([1, 2], [None, None])
+
+
+def test_perplexity_windows_are_fixed_and_exact():
+    tok = Tokenizer(lambda t: [ord(c) for c in t], lambda ids: "".join(map(chr, ids)), "chars")
+    a = quality.text_windows(tok, 2, 100)
+    assert [len(w) for w in a] == [100, 100] and a[0] != a[1]
+    assert a == quality.text_windows(tok, 2, 100)
+    with pytest.raises(ValueError):
+        quality.text_windows(tok, 99, 10)
+
+
+@pytest.mark.parametrize("answer, expect, ok", [
+    ("The capital of France is Paris.", ["paris"], True),
+    ("PARIS", ["paris"], True),
+    ("Lyon", ["paris"], False),
+    (None, ["x"], False),
+])
+def test_is_correct(answer, expect, ok):
+    assert answer_is_correct(answer, expect) is ok
+
+
+def test_agreement():
+    answers = pd.DataFrame([
+        {"arm": "full", "id": "k1", "answer": "Paris.", "correct": True},
+        {"arm": "full", "id": "k2", "answer": "Rome", "correct": True},
+        {"arm": "full", "id": "k3", "answer": "dunno", "correct": False},
+        {"arm": "int8", "id": "k1", "answer": " paris. ", "correct": True},
+        {"arm": "int8", "id": "k2", "answer": "Milan", "correct": False},
+        {"arm": "int8", "id": "k3", "answer": "no idea", "correct": False},
+    ])
+    ag = quality.agreement(answers, "int8", "full")
+    assert ag["questions"] == 3
+    assert ag["identical"] == pytest.approx(1 / 3)
+    assert ag["same_verdict"] == pytest.approx(2 / 3)
+    assert ag["accuracy"] == pytest.approx(1 / 3)
+    assert ag["reference_accuracy"] == pytest.approx(2 / 3)
+    assert quality.agreement(answers, "int8", "nothing")["questions"] == 0
+
+
+def test_compare_logprobs_by_hand():
+    base = {"logprobs": np.log([0.5, 0.5, 0.25]), "top1": np.array([1, 2, 3])}
+    treated = {"logprobs": np.log([0.5, 0.25, 0.25]), "top1": np.array([1, 9, 3])}
+    c = quality.compare_logprobs(base, treated)
+    assert c["tokens"] == 3 and c["top1_agreement"] == pytest.approx(2 / 3)
+    assert c["ppl_baseline"] == pytest.approx((0.5 * 0.5 * 0.25) ** (-1 / 3))
+    assert c["ppl_treated"] == pytest.approx((0.5 * 0.25 * 0.25) ** (-1 / 3))
+    assert c["max_abs_logprob_diff"] == pytest.approx(math.log(2))
+    assert c["mean_abs_logprob_diff"] == pytest.approx(math.log(2) / 3)
+    with pytest.raises(ValueError, match="different token counts"):
+        quality.compare_logprobs(base, {"logprobs": [0.0], "top1": [1]})
+    assert math.isnan(quality.compare_logprobs({"logprobs": [], "top1": []},
+                                               {"logprobs": [], "top1": []})["ppl_baseline"])
+
+
+def test_answer_specs_are_the_first_questions_greedy():
+    specs = quality.answer_specs(3, max_tokens=7)
+    assert len(specs) == 3 and len({s.tag for s in specs}) == 3
+    assert all(s.temperature == 0.0 and s.max_tokens == 7 for s in specs)
+    with pytest.raises(ValueError, match="at most"):
+        quality.answer_specs(10_000)
