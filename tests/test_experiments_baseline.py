@@ -41,3 +41,19 @@ def test_engine_binding_reads_what_vllm_applied(tmp_path):
     assert table["lab's setting (profile [cpu_binding] + [env])"] == "bind=0-1 +tcmalloc"
     remote = baseline.engine_binding(SimpleNamespace(server=None, base_url="http://h:8000"))
     assert "remote server at http://h:8000" in remote["value"]["engine"]
+
+
+def test_findings_compare_the_extremes_by_hand():
+    ttft = pd.DataFrame({"prompt_len": [128, 128, 128, 2048, 2048, 2048],
+                         "ttft_ms": [10.0, 30.0, 20.0, 300.0, 100.0, 200.0],
+                         "prefix_cache_hits": [0] * 6})
+    tpot = pd.DataFrame({"concurrency": [1, 1, 4, 4], "tpot_ms": [20.0, 22.0, 40.0, 50.0]})
+    fit = {"article_residual_pct_median": 3.5, "fit_intercept_ms": 12.0,
+           "fit_slope_ms_per_token": 21.0, "r2": 0.99}
+    prefill, batching, perceived = baseline.findings(ttft, tpot, fit)
+    assert (prefill["baseline"], prefill["treated"]) == (20.0, 200.0)
+    assert prefill["metric"] == "TTFT median (ms), 128 -> 2048 prompt tokens"
+    assert "delta = 0 " in prefill["mechanism"]
+    assert (batching["baseline"], batching["treated"]) == (21.0, 45.0)
+    assert (perceived["baseline"], perceived["treated"]) == (0.0, 3.5)
+    assert "12 ms + 21.0 ms x n" in perceived["mechanism"]

@@ -161,13 +161,13 @@ def test_summarize_and_compare():
     assert row.checkpoint_mib == 210 and row.identical_answers == 0.5
 
 
-def test_record_findings(tmp_path):
+def test_findings(tmp_path):
     from lab_utils.results import Results
     frames = _frames()
     frames["memory"]["quantization"] = ["None", "compressed-tensors"]
     frames["memory"]["kernels"] = ["", "CPUInt8ScaledMMLinearKernel"]
     res = Results("05_test", tmp_path)
-    table = q.record_findings(res, q.compare(q.summarize(frames)), frames["memory"])
+    table = res.add_findings(q.findings(q.compare(q.summarize(frames)), frames["memory"]))
     assert len(table) == 7
     assert set(table.metric) >= {"TPOT median (ms)", "perplexity of the fixed text",
                                  "decode compute: worker CPU ms per output token"}
@@ -181,12 +181,12 @@ def test_record_findings(tmp_path):
     assert "change_ci95" not in saved["findings"][0]  # no per-request samples given
 
 
-def test_record_findings_with_latency_samples(tmp_path):
+def test_findings_with_latency_samples(tmp_path):
     from lab_utils.results import Results
     frames = _frames()
     res = Results("05_test", tmp_path)
-    q.record_findings(res, q.compare(q.summarize(frames)), frames["memory"],
-                      latency=frames["latency"])
+    res.add_findings(q.findings(q.compare(q.summarize(frames)), frames["memory"],
+                                latency=frames["latency"]))
     by_metric = {f["metric"]: f for f in res.data["findings"]}
     tpot, ttft = by_metric["TPOT median (ms)"], by_metric["TTFT median (ms)"]
     # every resample of 2 vs 2 requests is at least 48% faster: TPOT 60-62 -> 30-31 ms
@@ -373,7 +373,7 @@ def test_findings_without_cpu_clock_or_local_checkpoints(tmp_path):
     c = q.compare(q.summarize(frames))
     assert math.isnan(c.loc["int8_w8a8", "decode_cpu_speedup"])
     results = Results("05_gpu", tmp_path)
-    table = q.record_findings(results, c, frames["memory"])
+    table = results.add_findings(q.findings(c, frames["memory"]))
     # No checkpoint bytes for hub ids: that finding has no values and is noted, not recorded.
     assert len(table) == 4 and "checkpoint ? MiB" in table.mechanism.iloc[0]
     assert not table.metric.str.startswith("checkpoint size").any()

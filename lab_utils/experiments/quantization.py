@@ -720,9 +720,9 @@ def _fmt(value: Any, spec: str) -> str:
         return "?"
 
 
-def record_findings(results: Results, comparison: pd.DataFrame,
-                    memory: pd.DataFrame, latency: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Findings per quantized arm against its reference: TPOT, TTFT, worker
+def findings(comparison: pd.DataFrame, memory: pd.DataFrame,
+             latency: pd.DataFrame | None = None) -> list[dict[str, Any]]:
+    """The notebook's findings (`Results.add_findings`), per quantized arm against its reference: TPOT, TTFT, worker
     compute per decode step and per prefill (CPU profile), checkpoint size,
     perplexity and answer agreement; the mechanism cites vLLM's log
     (quantization method and linear kernel), the weight bytes and the worker's
@@ -742,6 +742,7 @@ def record_findings(results: Results, comparison: pd.DataFrame,
 
     # The checklist's quantization row is answered by the first INT8 arm (the
     # article's table has one row for quantization; INT8 is its first claim).
+    out: list[dict[str, Any]] = []
     tagged = False
     for name, c in comparison.iterrows():
         a = arm(name)
@@ -759,7 +760,11 @@ def record_findings(results: Results, comparison: pd.DataFrame,
                     f"{_fmt(c.checkpoint_mib, '.0f')} MiB vs "
                     f"{_fmt(c.checkpoint_mib_ref, '.0f')} MiB")
         tech = f"quantization: {a.title} vs {c.reference}"
-        results.add_finding(tech, "TPOT median (ms)", c.tpot_ms_ref, c.tpot_ms,
+
+        def add(metric, baseline, treated, tech=tech, **kw):
+            out.append(dict(technique=tech, metric=metric, baseline=baseline, treated=treated,
+                            **kw))
+        add("TPOT median (ms)", c.tpot_ms_ref, c.tpot_ms,
                             article_claim=claim, mechanism=evidence,
                             samples=samples("tpot_ms", name, c.reference),
                             verdict=claim_verdict(a.claim, c.ppl_change_pct,
@@ -767,7 +772,7 @@ def record_findings(results: Results, comparison: pd.DataFrame,
                                                   step_speedup=c.step_speedup,
                                                   tpot_speedup=c.tpot_speedup),
                             **({"checklist": "quantization:tpot", **row} if row else {}))
-        results.add_finding(tech, "TTFT median (ms)", c.ttft_ms_ref, c.ttft_ms,
+        add("TTFT median (ms)", c.ttft_ms_ref, c.ttft_ms,
                             article_claim=claim, mechanism=evidence,
                             samples=samples("ttft_ms", name, c.reference),
                             **({"checklist": "quantization:ttft", **row} if row else {}))
@@ -775,25 +780,25 @@ def record_findings(results: Results, comparison: pd.DataFrame,
             share = (f"worker CPU share of the wall time {_fmt(c.cpu_share_ref, '.0%')} -> "
                      f"{_fmt(c.cpu_share, '.0%')} (well below 100%: other work on the machine "
                      "delayed it)")
-            results.add_finding(tech, "decode compute: worker CPU ms per output token",
+            add("decode compute: worker CPU ms per output token",
                                 c.decode_cpu_ms_ref, c.decode_cpu_ms, article_claim=claim,
                                 mechanism=f"{evidence}; {share}")
-            results.add_finding(tech, "prefill compute: worker CPU ms per prompt",
+            add("prefill compute: worker CPU ms per prompt",
                                 c.prefill_cpu_ms_ref, c.prefill_cpu_ms, article_claim=claim,
                                 mechanism=f"{evidence}; {share}")
-        results.add_finding(tech, "checkpoint size on disk (MiB)", c.checkpoint_mib_ref,
+        add("checkpoint size on disk (MiB)", c.checkpoint_mib_ref,
                             c.checkpoint_mib, article_claim="(implied: fewer weight bytes)",
                             mechanism=f"worker RSS {_fmt(c.rss_mib_ref, '.0f')} -> "
                                       f"{_fmt(c.rss_mib, '.0f')} MiB "
                                       "(includes the KV cache and the runtime)")
-        results.add_finding(tech, "perplexity of the fixed text", c.ppl_ref, c.ppl,
+        add("perplexity of the fixed text", c.ppl_ref, c.ppl,
                             article_claim=claim, mechanism="vLLM prompt_logprobs, same token ids")
-        results.add_finding(tech, "answers identical to the reference (share)", 1.0,
+        add("answers identical to the reference (share)", 1.0,
                             c.identical_answers, article_claim=claim,
                             mechanism=f"greedy answers; accuracy {_fmt(c.accuracy_ref, '.0%')}"
                                       f" -> {_fmt(c.accuracy, '.0%')}, same verdict "
                                       f"{_fmt(c.same_verdict, '.0%')}")
-    return results.findings_frame()
+    return out
 
 
 def plot_latency(latency: pd.DataFrame, title: str = "TTFT and TPOT per arm"):
@@ -857,7 +862,7 @@ __all__ = [
     "plot_speed_vs_quality",
     "prepare_checkpoints",
     "quality_breakdown",
-    "record_findings",
+    "findings",
     "role_model",
     "run_arms",
     "score_text",
