@@ -19,13 +19,15 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
+
+from .sse import pop_sse_data
 
 
 @dataclass
@@ -188,21 +190,6 @@ class Load:
 # The client
 # --------------------------------------------------------------------------
 
-def _sse_messages(buffer: bytearray) -> Iterable[str]:
-    """Pop complete SSE events (separated by a blank line) from `buffer`."""
-    if b"\r" in buffer:  # CRLF framing (some proxies): normalise to LF
-        buffer[:] = buffer.replace(b"\r\n", b"\n")
-    while True:
-        cut = buffer.find(b"\n\n")
-        if cut < 0:
-            return
-        event = bytes(buffer[:cut]).decode("utf-8", errors="replace")
-        del buffer[:cut + 2]
-        data = [line[5:].lstrip() for line in event.split("\n") if line.startswith("data:")]
-        if data:
-            yield "\n".join(data)
-
-
 @dataclass
 class Run:
     """The records of one run, its wall duration and (if scraped) counter deltas."""
@@ -269,7 +256,7 @@ class Client:
                 async for chunk in resp.content.iter_any():
                     now = time.perf_counter()
                     buffer += chunk
-                    for message in _sse_messages(buffer):
+                    for message in pop_sse_data(buffer):
                         if message == "[DONE]":
                             continue
                         data = json.loads(message)

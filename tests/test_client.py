@@ -18,8 +18,8 @@ from lab_utils.client import (
     RequestRecord,
     RequestSpec,
     Run,
-    _sse_messages,
 )
+from lab_utils.sse import pop_sse_data
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -173,7 +173,7 @@ EXPECTED = ['{"a": 1}', '{"b": "\u00e9\U0001F600"}', '{"c": 3}', "[DONE]"]
 
 def test_sse_several_events_in_one_chunk():
     buf = bytearray(STREAM)
-    assert list(_sse_messages(buf)) == EXPECTED
+    assert list(pop_sse_data(buf)) == EXPECTED
     assert buf == bytearray()
 
 
@@ -182,25 +182,31 @@ def test_sse_events_split_across_chunks(size):
     buf, out = bytearray(), []
     for i in range(0, len(STREAM), size):
         buf += STREAM[i:i + size]
-        out += list(_sse_messages(buf))
+        out += list(pop_sse_data(buf))
     assert out == EXPECTED
     assert buf == bytearray()
 
 
 def test_sse_split_exactly_between_the_two_newlines():
     buf = bytearray(b'data: {"a": 1}\n')
-    assert list(_sse_messages(buf)) == []
+    assert list(pop_sse_data(buf)) == []
     assert buf == bytearray(b'data: {"a": 1}\n')     # incomplete event stays buffered
     buf += b'\ndata: {"b'
-    assert list(_sse_messages(buf)) == ['{"a": 1}']
+    assert list(pop_sse_data(buf)) == ['{"a": 1}']
     assert buf == bytearray(b'data: {"b')
     buf += b'": 2}\n\n'
-    assert list(_sse_messages(buf)) == ['{"b": 2}']
+    assert list(pop_sse_data(buf)) == ['{"b": 2}']
 
 
 def test_sse_multiline_data_and_other_fields():
     buf = bytearray(b'event: message\nid: 7\ndata: line1\ndata: line2\n\n')
-    assert list(_sse_messages(buf)) == ["line1\nline2"]
+    assert list(pop_sse_data(buf)) == ["line1\nline2"]
+
+
+def test_sse_cr_framing_and_one_leading_space_as_the_spec_says():
+    # WHATWG: CR, LF and CRLF all end a line; only one space after "data:" goes.
+    buf = bytearray(b'data:  two spaces\r\rdata:none\r\n\r\n: comment\n\n')
+    assert list(pop_sse_data(buf)) == [" two spaces", "none"]
 
 
 # --------------------------------------------------------------------------

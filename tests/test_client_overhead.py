@@ -35,8 +35,8 @@ def test_sequential_part_runs(bench):
 
 
 def test_stream_shape(bench):
-    from lab_utils.client import _sse_messages
+    from lab_utils.sse import pop_sse_data
     first, rest = bench.build_stream(4)
-    messages = list(_sse_messages(bytearray(first + rest)))
+    messages = list(pop_sse_data(bytearray(first + rest)))
     assert messages[-1] == "[DONE]"
     assert len(messages) == 1 + 4 + 1 + 1       # role, 4 tokens, usage, [DONE]
