@@ -355,8 +355,8 @@ def test_quality_breakdown_on_a_tiny_llama(tmp_path):
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     LlamaForCausalLM(cfg).save_pretrained(tmp_path)
     windows = [[int(i) for i in torch.randint(0, 100, (20,))] for _ in range(2)]
-    table = q.quality_breakdown(tmp_path, windows)
-    assert list(table.index) == list(q.BREAKDOWN_CASES)
+    table = qz.quality_breakdown(tmp_path, windows)
+    assert list(table.index) == list(qz.BREAKDOWN_CASES)
     assert table.change_pct.iloc[0] == 0
     assert (table.perplexity > 1).all() and table.perplexity.notna().all()
     # rounding changes the output (a little for INT8 weights, more for 4-bit)

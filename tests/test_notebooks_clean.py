@@ -45,8 +45,8 @@ def test_skeleton(path):
     unparsed = set(defaults) - set(inferred)
     assert not unparsed, f"papermill --help-notebook cannot parse {sorted(unparsed)}: " \
                          "avoid '=' in those lines' comments"
-    setup_calls = [c for c in cells if f'lab.setup("{path.stem}", globals())' in "".join(c["source"])]
-    assert setup_calls, f"{path.name} must call lab.setup({path.stem!r}, globals())"
+    setup_calls = [c for c in cells if f'lab.setup("{path.stem}", globals()' in "".join(c["source"])]
+    assert setup_calls, f"{path.name} must call lab.setup({path.stem!r}, globals(), plan=...)"
     assert "Explore" in "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     for c in cells:
         if c["cell_type"] == "code":

@@ -627,69 +627,6 @@ def summarize(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------
-# Where the quality goes: weights or activations (offline, no server)
-# --------------------------------------------------------------------------
-
-#: Offline cases: (weights recipe or None, INT8 activations per token?).
-BREAKDOWN_CASES: dict[str, tuple[str | None, bool]] = {
-    "full precision": (None, False),
-    "INT8 weights only (per channel)": ("w8a8", False),
-    "INT8 activations only (per token)": (None, True),
-    "W8A8 (both)": ("w8a8", True),
-    "INT4 weights, symmetric, groups of 64": ("w4a16", False),
-    "INT4 weights, zero points, groups of 64 (AWQ grid)": ("awq_w4", False),
-}
-
-
-def quality_breakdown(model_dir: str | Path, windows: Sequence[Sequence[int]],
-                      cases: Sequence[str] = tuple(BREAKDOWN_CASES)) -> pd.DataFrame:
-    """Perplexity of the same windows with transformers in float32, the
-    linear layers' weights rounded as `lab_utils.quantize` rounds them and/or
-    their inputs rounded to INT8 per token (fake quantization): which half of
-    W8A8 costs the quality, and how the 4-bit grids compare. ~5-15 s per case
-    on 2 cores."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from .. import quantize
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    linears = {n: m for n, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear) and "lm_head" not in n}
-    original = {n: m.weight.data.clone() for n, m in linears.items()}
-
-    def int8_per_token(_module, args):
-        x = args[0]
-        s = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127
-        return ((x / s).round().clamp(-128, 127) * s,)
-
-    rows = []
-    for case in cases:
-        recipe, acts = BREAKDOWN_CASES[case]
-        for n, m in linears.items():
-            w = original[n]
-            if recipe:
-                r = quantize.recipe(recipe)
-                ints, scale, zp = quantize.rtn_quantize(w, quantize.weight_args(r))
-                w = quantize.dequantize(ints, scale, zp, r.group_size)
-            m.weight.data.copy_(w)
-        hooks = [m.register_forward_pre_hook(int8_per_token) for m in linears.values()] \
-            if acts else []
-        nll, n_tok = 0.0, 0
-        with torch.no_grad():
-            for ids in windows:
-                logp = torch.log_softmax(model(torch.tensor([list(ids)])).logits[0, :-1], -1)
-                nll -= logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].sum().item()
-                n_tok += len(ids) - 1
-        for h in hooks:
-            h.remove()
-        rows.append({"case": case, "perplexity": perplexity(nll, n_tok)})
-    out = pd.DataFrame(rows).set_index("case")
-    base = out.perplexity.iloc[0]
-    out["change_pct"] = (out.perplexity / base - 1) * 100
-    return out
-
-
-# --------------------------------------------------------------------------
 # Support check and Explore
 # --------------------------------------------------------------------------
 
@@ -833,7 +770,6 @@ def plot_speed_vs_quality(summary: pd.DataFrame,
 
 __all__ = [
     "ARMS",
-    "BREAKDOWN_CASES",
     "CLAIMS",
     "CPU_ROLE_RECIPES",
     "DEFAULT_ARMS",
@@ -861,7 +797,6 @@ __all__ = [
     "plot_latency",
     "plot_speed_vs_quality",
     "prepare_checkpoints",
-    "quality_breakdown",
     "findings",
     "role_model",
     "run_arms",
