@@ -57,6 +57,26 @@ def test_every_result_names_its_machine(smoke_results):
         assert machine.get("vllm_version"), notebook
 
 
+def test_each_notebook_started_exactly_its_declared_plan(smoke_results):
+    # The plan is written before anything starts (lab.setup), each engine is
+    # recorded with the arm it served: every engine belongs to the plan, and
+    # every arm of the plan either ran or was skipped with a reason.
+    folder, ran = smoke_results
+    for notebook in ran:
+        data = results_of(smoke_results, notebook)
+        assert "plan" in data, f"{notebook} declared no plan"
+        declared = {a["arm"]: a for a in data["plan"]["arms"]}
+        started = {e.get("arm") for e in data["engines"]}
+        assert started <= set(declared), f"{notebook} started engines outside its plan: " \
+                                         f"{sorted(map(str, started - set(declared)))}"
+        for e in data["engines"]:
+            a = declared[e["arm"]]
+            assert json.loads(a["flags"]) == {k: v for k, v in e["flags"].items()}, e["arm"]
+        skipped = set(data.get("skipped_arms", {}))
+        missing = set(declared) - started - skipped
+        assert not missing, f"{notebook}: declared arms neither started nor skipped: {missing}"
+
+
 def test_00_baseline_runs_without_cache_hits_and_with_the_profiles_binding(smoke_results):
     data = results_of(smoke_results, "00_baseline")
     for label, arm in data["arms"].items():
