@@ -214,7 +214,8 @@ class Plan:
             ref = self.reference_of(a)
             change = (f"{a.knob if isinstance(a.knob, str) else '+'.join(a.knob)} vs {ref.name}"
                       if ref else "baseline")
-            lines.append(f"  {a.name}: {change}; {a.key}")
+            flags = a.key if a.key != "baseline" else "the profile's flags only"
+            lines.append(f"  {a.name}: {change}; {flags}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 

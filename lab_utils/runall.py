@@ -4,6 +4,7 @@
     python -m lab_utils.runall --only 00 02       # a subset (name prefixes)
     python -m lab_utils.runall --smoke            # smoke parameters: a quick check of everything
     python -m lab_utils.runall --profile remote --base-url http://host:8000
+    python -m lab_utils.runall --plan --profile gpu   # the engines each would start; starts none
 
 Each run folder holds the executed notebooks, `results/` (findings JSON and
 per-request JSONL), `logs/` (engine logs) and `index.md`/`index.html`;
@@ -128,6 +129,38 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
     return code
 
 
+def print_plans(profile_name: str, base_url: str = "", only: list[str] | None = None,
+                params: dict | None = None, folder: Path = NOTEBOOKS_DIR,
+                smoke: bool = False) -> int:
+    """Print each notebook's declared plan (`lab_utils.arms`) on a profile with
+    its parameters, without starting an engine; 1 if any plan is refused
+    (a flag the installed vLLM or the device rejects, a model a role lacks).
+    On the cpu profile 05 and 06 read this machine's capability probe (run
+    once, a minute per candidate, if it is not cached yet)."""
+    from .experiments import module_for
+    from .notebook import check_parameters, parameter_defaults
+    from .profiles import ConfigError, engine_argv, load_profile
+    from .smoke import smoke_parameters
+    profile = load_profile(profile_name, base_url=base_url)
+    code = 0
+    for path in notebooks(only, folder):
+        defaults = parameter_defaults(path)
+        values = {**defaults, **(smoke_parameters(path.stem) if smoke else {}),
+                  **{k: v for k, v in (params or {}).items() if k in defaults}}
+        try:
+            check_parameters(defaults, values)
+            plan = module_for(path.stem).plan(profile, values).check()
+            if not profile.is_remote:  # the installed vLLM's parser and the device rules
+                for arm in plan.arms:
+                    engine_argv(profile, arm.flags, port=0, model=arm.role or "MODEL")
+        except ConfigError as exc:
+            print(f"{path.stem}: plan refused on profile {profile_name!r}:\n  {exc}\n")
+            code = 1
+            continue
+        print(plan.describe() + "\n")
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=os.environ.get("LAB_PROFILE", "cpu"))
@@ -137,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS_DIR)
     parser.add_argument("--smoke", action="store_true",
                         help="each notebook's smoke parameters (notebooks/smoke_parameters.toml)")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the engines each notebook would start, start nothing")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[],
                         metavar=("NAME", "JSON"),
                         help="extra notebook parameter, value as JSON (e.g. -p repeats 3)")
@@ -147,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
             params[name] = json.loads(raw)
         except ValueError:
             params[name] = raw
+    if args.plan:
+        return print_plans(args.profile, args.base_url, args.only, params, args.notebooks_dir,
+                           smoke=args.smoke)
     return run_all(args.profile, args.base_url, args.only, args.runs_dir, params,
                    args.notebooks_dir, smoke=args.smoke)
 

@@ -10,6 +10,7 @@ names. The notebook must hand that plan to `lab.setup`.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,17 @@ def test_the_notebook_runs_its_modules_plan(notebook):
     alias = call.rsplit(".", 1)[0]
     assert (f"import {module} as {alias}" in source or f"import {module}\n" in source
             and alias == module), f"{notebook}: plan={call} is not {module}.plan"
+
+
+def test_runall_plan_prints_without_starting_and_fails_on_a_refused_plan(monkeypatch, capsys):
+    from lab_utils import runall
+    from lab_utils.experiments import baseline
+    from lab_utils.server import lab_server_processes
+    assert runall.main(["--plan", "--only", "00"]) == 0
+    out = capsys.readouterr().out
+    assert "plan of 00_baseline: 1 engine arm(s)" in out and not lab_server_processes(os.getpid())
+    from lab_utils.arms import Arm, Plan
+    monkeypatch.setattr(baseline, "plan", lambda profile, params: Plan(
+        "00_baseline", (Arm("b"), Arm("x", {"max_num_batched_tokenz": 1}, knob="max_num_batched_tokenz"))))
+    assert runall.main(["--plan", "--only", "00"]) == 1
+    assert "unknown vLLM option 'max_num_batched_tokenz'" in capsys.readouterr().out
