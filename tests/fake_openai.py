@@ -15,6 +15,8 @@ notebook calls it. The request's `model` field picks the behaviour:
 - "empty": only [DONE].
 - "hold": one content chunk after HOLD_S, usage, [DONE] (for concurrency).
 - "slow": waits 5 s before answering (for client timeouts).
+- "slots": an engine with SLOTS requests' room: each request waits for a slot,
+  holds it SLOT_S, then answers one token (capacity SLOTS / SLOT_S req/s).
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ CHAT_GAP_S = 0.020
 CHAT_TOKENS = 5
 TEXT_GAP_S = 0.010
 HOLD_S = 0.3
+SLOTS = 2
+SLOT_S = 0.1
 
 
 class FakeOpenAI:
@@ -41,6 +45,7 @@ class FakeOpenAI:
         self.max_in_flight = 0
         self.probe: Callable[[dict], None] | None = None   # called with each request body
         self.logprob = -0.5   # each chat token's log-prob when a request asks for logprobs
+        self._slot_sem: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
@@ -201,3 +206,15 @@ class FakeOpenAI:
     async def _slow(self, request: web.Request, body: dict) -> web.StreamResponse:
         await asyncio.sleep(5)
         return web.json_response({})
+
+    async def _slots(self, request: web.Request, body: dict) -> web.StreamResponse:
+        if self._slot_sem is None:
+            self._slot_sem = asyncio.Semaphore(SLOTS)
+        resp, send = await self._open(request)
+        async with self._slot_sem:
+            await asyncio.sleep(SLOT_S)
+        await send(self._chunk("ok", {"prompt_tokens": 1, "completion_tokens": 1,
+                                      "total_tokens": 2}, finish="length"))
+        await send("[DONE]")
+        return resp
+
