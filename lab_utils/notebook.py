@@ -87,8 +87,13 @@ class NotebookContext:
 
     def any_engine(self, role: str | None = None, *, env: Mapping[str, str] | None = None,
                    **flags: Any):
-        """An engine outside the plan, for Explore widgets (recorded as "explore")."""
-        return self._start(role, env, flags, "explore")
+        """An engine outside the plan, for Explore widgets (recorded as
+        "explore"), or None (printed) when the target cannot serve it."""
+        try:
+            return self._start(role, env, flags, "explore")
+        except ArmUnavailable as exc:
+            print(f"cannot explore this engine here: {exc}")
+            return None
 
     def _start(self, role, env, flags, arm_name):
         engine = self.engines.get(role, env=env, **flags)
