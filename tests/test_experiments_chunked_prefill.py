@@ -1,5 +1,6 @@
 """The pure logic of the chunked-prefill experiments: the schedule, the decode
-stall, the engine-step log parser, the arm flags (no engine needed)."""
+stall, the engine-step log parser, the arm flags, the plan and the findings
+(no engine needed)."""
 import math
 from types import SimpleNamespace
 
@@ -9,7 +10,7 @@ from stand_ins import word_tokenizer
 
 from lab_utils.client import Load, RequestRecord, Run
 from lab_utils.experiments import chunked_prefill as cp
-from lab_utils.profiles import check_known_options
+from lab_utils.profiles import check_known_options, load_profile
 
 
 def rec(i, tag, start, ttft, e2e, itl=(), ok=True):
@@ -213,7 +214,7 @@ def test_arm_row():
               counters={"server_queue_s_mean": 0.01, "server_prefill_s_mean": 0.5,
                         "server_itl_s_p99": 2.0, "server_ttft_s_p99": 3.0,
                         "prefix_cache_hits": 0})
-    arm = cp.Arm("on, budget 256", True, 256, run, 0, cp.parse_iteration_log(LOG))
+    arm = cp.ArmRun("on, budget 256", True, 256, run, 0, cp.parse_iteration_log(LOG))
     row = cp.arm_row(arm)
     assert row["max_num_batched_tokens"] == 256 and row["chunked_prefill"]
     assert row["long_ttft_ms_median"] == pytest.approx(2900.0)
@@ -271,33 +272,95 @@ def test_plot_steps():
     import matplotlib
     matplotlib.use("Agg")
     run = Run("x", "offsets", RECORDS, 8.0)
-    arms = {"off": cp.Arm("off", False, 4096, run, 0, cp.parse_iteration_log(LOG)),
-            "empty": cp.Arm("empty", True, 256, run)}
-    fig = cp.plot_steps(arms)
+    runs = {"off": cp.ArmRun("off", False, 4096, run, 0, cp.parse_iteration_log(LOG)),
+            "empty": cp.ArmRun("empty", True, 256, run)}
+    fig = cp.plot_steps(runs)
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert labels == ["off: every step", "off: steps with prefill tokens"]
     with pytest.raises(ValueError):
-        cp.plot_steps({"empty": arms["empty"]})
+        cp.plot_steps({"empty": runs["empty"]})
 
 
-def test_unavailable_arms_are_skipped_with_a_note():
-    from lab_utils.server import ArmUnavailable
+def test_plan_compares_every_budget_with_off_and_the_threshold_with_its_budget():
+    cpu = load_profile("cpu")
+    plan = cp.plan(cpu, {"budgets": [1024, 256], "long_prefill_threshold": 128}).check()
+    assert plan.names == ["off (budget 4096)", "on, budget 256", "on, budget 1024",
+                          "on, budget 256, threshold 128"]
+    assert dict(plan.baseline.flags) == cp.arm_flags(False, None, 4096)
+    pair = ("enable_chunked_prefill", "max_num_batched_tokens")
+    assert [a.knob for a in plan.arms[1:3]] == [pair, pair]
+    assert {plan.reference_of(a).name for a in plan.arms[1:3]} == {"off (budget 4096)"}
+    capped = plan.arm("on, budget 256, threshold 128")
+    assert plan.reference_of(capped).name == "on, budget 256"
+    assert capped.knob == "long_prefill_token_threshold"
+    # at max_model_len itself only chunking changes
+    same = cp.plan(cpu, {"budgets": [4096], "long_prefill_threshold": 0}).check()
+    assert same.arms[1].knob == "enable_chunked_prefill"
+    # a remote server's log is out of reach: no step-log flag there
+    remote = cp.plan(load_profile("remote", base_url="http://127.0.0.1:9"), {"budgets": [256]})
+    assert remote.check().baseline.flags == {"enable_chunked_prefill": False}
 
-    notes = []
 
-    def engine(**flags):
-        raise ArmUnavailable(f"no server for {sorted(flags)}")
+def _headline_table():
+    """Off and on at 256 (the pair the findings compare), and a larger budget."""
+    cols = dict(long_prefill_token_threshold=0, short_ttft_ms_p99=900.0,
+                blocked_short_ttft_ms_median=800.0, long_ttft_ms_median=2000.0,
+                stall_itl_ms_max=1800.0, max_prefill_tokens_per_step=1600,
+                max_step_ms=1700.0, server_ttft_ms_p99=950.0, server_itl_ms_p99=1500.0,
+                prefill_steps=3, server_prefill_ms_mean=1900.0, tokens_per_busy_s=400.0,
+                engine_steps=120, output_tok_s=20.0)
+    return pd.DataFrame([
+        {"arm": "off (budget 4096)", "chunked_prefill": False, "max_num_batched_tokens": 4096,
+         **cols},
+        {"arm": "on, budget 256", "chunked_prefill": True, "max_num_batched_tokens": 256,
+         **cols, "short_ttft_ms_p99": 600.0, "blocked_short_ttft_ms_median": 700.0,
+         "long_ttft_ms_median": 2200.0, "stall_itl_ms_max": 300.0,
+         "max_prefill_tokens_per_step": 256, "max_step_ms": 310.0, "server_ttft_ms_p99": 650.0,
+         "server_itl_ms_p99": 250.0, "prefill_steps": 21, "server_prefill_ms_mean": 2100.0,
+         "tokens_per_busy_s": 380.0, "engine_steps": 150, "output_tok_s": 19.5},
+        {"arm": "on, budget 1024", "chunked_prefill": True, "max_num_batched_tokens": 1024,
+         **cols, "short_ttft_ms_p99": 1.0}]).set_index("arm")
 
-    ctx = SimpleNamespace(profile=SimpleNamespace(engine={}, is_remote=True), engine=engine,
-                          results=SimpleNamespace(note=notes.append))
-    table, arms = cp.chunked_prefill_sweep(ctx, [256])
-    assert table.empty and arms == {}
+
+def test_findings_compare_off_with_the_smallest_budget(tmp_path):
+    from lab_utils.results import Results
+    found = cp.findings(_headline_table())
+    assert [(f["baseline"], f["treated"]) for f in found] == [
+        (900.0, 600.0), (1800.0, 300.0), (2000.0, 2200.0), (400.0, 380.0)]
+    assert found[0]["metric"] == "short-request TTFT p99 (ms), off -> on, budget 256"
+    assert found[0]["checklist"] == "chunked prefill:ttft"
+    assert [f.get("checklist") for f in found[1:]] == [None, None, None]
+    assert found[0]["mechanism"].startswith(
+        "largest prefill per engine step 1600 -> 256 tokens, longest step 1700 -> 310 ms")
+    assert "median TTFT 800 -> 700 ms" in found[0]["mechanism"]
+    assert "vllm:inter_token_latency_seconds p99 1500 -> 250 ms" in found[1]["mechanism"]
+    assert found[2]["mechanism"].startswith("prefill steps 3 -> 21")
+    assert found[3]["mechanism"].startswith("engine steps 120 -> 150; output 20.0 -> 19.5")
+    table = Results("01_chunked_prefill", tmp_path).add_findings(found)
+    assert table.change_pct.tolist() == pytest.approx([-100 / 3, -250 / 3, 10.0, -5.0])
+    assert cp.arm_notes(_headline_table())[1] == (
+        "on, budget 256: stall max ITL 300 ms, short TTFT p99 600 ms, long TTFT 2200 ms")
+
+
+def test_unavailable_arms_are_skipped_with_a_note(tmp_path):
+    from lab_utils.notebook import NotebookContext
+    from lab_utils.results import Results
+    from lab_utils.server import EnginePool
+    remote = load_profile("remote", base_url="http://127.0.0.1:9")
+    results = Results("01_chunked_prefill", tmp_path, "remote")
+    ctx = NotebookContext("01_chunked_prefill", remote, EnginePool(remote), results, {},
+                          cp.plan(remote, {"budgets": [256]}))
+    table, runs = cp.chunked_prefill_sweep(ctx)
+    assert table.empty and runs == {}
     assert "short_ttft_ms_p99" in table.columns  # the notebook's later cells still index it
     assert cp.headline_arms(table) == (None, None)
     with pytest.raises(RuntimeError, match="off=None"):
         cp.headline_rows(table)
-    assert len(notes) == 2 and notes[0].startswith("off: skipped")
-    assert cp.explore_arm(ctx, 0).empty
+    with pytest.raises(RuntimeError, match="off=None"):
+        cp.findings(table)
+    assert sorted(results.data["skipped_arms"]) == ["off", "on, budget 256"]
+    assert cp.explore_arm(ctx, 0).empty        # a declared arm: skipped again
+    assert cp.explore_arm(ctx, 512).empty      # outside the plan: not served either
 
 
 def test_vllm_source_reads_the_installed_files():

@@ -14,13 +14,18 @@ engine steps the server logs with `--enable-logging-iteration-details` (prefill
 tokens and time of every step). `vllm:iteration_tokens_total` is no help here:
 vLLM adds a prompt's tokens to it in the step that emits the first token, so a
 chunked 1,536-token prefill still shows up as one 1,536-token "step".
+
+`plan` lists the engines (off first, then the budgets); the findings compare
+off with the smallest budget (`findings`).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -28,6 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from .. import arms
 from ..client import Client, Load, RequestRecord, RequestSpec, Run
 from ..host import host_load
 from ..results import Results, measure
@@ -215,57 +221,8 @@ class StepLog:
 
 
 # --------------------------------------------------------------------------
-# One arm, and the sweep
+# The plan: the engines of the sweep, and the one change each one makes
 # --------------------------------------------------------------------------
-
-@dataclass
-class Arm:
-    label: str
-    chunked: bool
-    budget: int | None                 # max_num_batched_tokens (None = server default)
-    run: Run
-    threshold: int = 0                 # long_prefill_token_threshold (0 = none)
-    steps: pd.DataFrame = field(default_factory=lambda: parse_iteration_log(""))
-    host_load: float = math.nan        # 1-minute load average around the run
-
-    @property
-    def records(self) -> list[RequestRecord]:
-        return self.run.records
-
-
-def arm_row(arm: Arm) -> dict[str, Any]:
-    """One table row: the latencies the notebook compares, the server's own
-    histograms (/metrics deltas) and what its engine steps did."""
-    recs = [r for r in arm.records if r.ok]
-    short = [r for r in recs if r.tag == SHORT]
-    long = [r for r in recs if r.tag == LONG]
-    c = arm.run.counters or {}
-    out_tokens = sum(r.output_tokens or 0 for r in recs)
-    return {"arm": arm.label, "chunked_prefill": arm.chunked, "max_num_batched_tokens": arm.budget,
-            "long_prefill_token_threshold": arm.threshold,
-            "short_ttft_ms_p50": _pct([r.ttft * 1e3 for r in short], 50),
-            "short_ttft_ms_p99": _pct([r.ttft * 1e3 for r in short], 99),
-            "long_ttft_ms_median": _pct([r.ttft * 1e3 for r in long], 50),
-            "long_ttft_ms_max": _pct([r.ttft * 1e3 for r in long], 100),
-            "blocked_short_ttft_ms_median": _pct(
-                [r.ttft * 1e3 for r in arrived_during_long_prefill(arm.records)], 50),
-            **decode_stall(arm.records),
-            "short_itl_ms_p50": _pct([g * 1e3 for r in short for g in r.itl], 50),
-            "output_tok_s": out_tokens / arm.run.duration_s if arm.run.duration_s else math.nan,
-            "duration_s": arm.run.duration_s,
-            "failed": sum(not r.ok for r in arm.records),
-            "server_ttft_ms_p99": _ms(c.get("server_ttft_s_p99")),
-            "server_itl_ms_p99": _ms(c.get("server_itl_s_p99")),
-            "server_queue_ms_mean": _ms(c.get("server_queue_s_mean")),
-            "server_prefill_ms_mean": _ms(c.get("server_prefill_s_mean")),
-            "prefix_cache_hits": c.get("prefix_cache_hits"),
-            "host_load_1m": arm.host_load,
-            **step_stats(arm.steps)}
-
-
-def _ms(seconds: float | None) -> float:
-    return seconds * 1e3 if seconds is not None else math.nan
-
 
 def arm_flags(chunked: bool, budget: int | None, max_model_len: int | None, *,
               threshold: int = 0, log_steps: bool = True) -> dict[str, Any]:
@@ -305,35 +262,6 @@ def arm_label(chunked: bool, budget: int | None, threshold: int = 0) -> str:
     return label + (f", threshold {threshold}" if threshold else "")
 
 
-def _warm_up(engine, workload: Workload) -> None:
-    """One short and one long request first, not measured: the first pass of a
-    shape through a fresh engine pays one-time costs that would land on
-    whichever arm happens to meet it first."""
-    warm = [chat_specs(1, max_tokens=4, seed=99)[0]]
-    if workload.n_long:
-        warm += synthetic_specs(tokenizer_for(engine), 1, workload.long_prompt_tokens,
-                                max_tokens=1, seed=next(_fresh) * 7919 + 1, tag="warm-up")
-    Client.for_engine(engine).run(warm, Load.sequential(), progress=False)
-
-
-def run_arm(engine, workload: Workload, *, label: str, chunked: bool, budget: int | None,
-            threshold: int = 0, results: Results | None = None, progress: bool = True) -> Arm:
-    """Send the workload once on `engine`; keep the counter deltas (in
-    `run.counters`) and the engine steps the server logged meanwhile."""
-    _warm_up(engine, workload)
-    log = StepLog(engine).start()
-    load_before = host_load()
-    run = measure(engine, workload.specs, workload.load, label=label, results=results,
-                  progress=progress, workload=workload.description)
-    arm = Arm(label, chunked, budget, run, threshold, log.read(),
-              (load_before + host_load()) / 2)
-    if results is not None:
-        results.data["arms"][label].update(engine_steps=step_stats(arm.steps),
-                                           host_load_1m=arm.host_load)
-        results.save()
-    return arm
-
-
 def sweep_plan(budgets: Sequence[int], *, include_off: bool = True,
                threshold: int = 0) -> list[tuple[bool, int | None, int]]:
     """(chunked, budget, threshold) per arm: off first, then the budgets in
@@ -351,42 +279,194 @@ def sweep_plan(budgets: Sequence[int], *, include_off: bool = True,
     return plan
 
 
-def chunked_prefill_sweep(ctx, budgets: Sequence[int], *, include_off: bool = True,
-                          long_prefill_threshold: int = 0, progress: bool = True,
-                          **workload_kw: Any) -> tuple[pd.DataFrame, dict]:
-    """Run the same mixed workload with chunked prefill off, then on at each
-    `max_num_batched_tokens` in `budgets` (one engine per arm, one at a time),
-    and optionally with a long-prefill threshold on the smallest budget.
+def sweep_arm(profile, chunked: bool, budget: int | None, threshold: int = 0) -> arms.Arm:
+    """The engine of one setting on `profile`, named by its label (the
+    results' arm key). The step log flag is left out on a remote profile: the
+    lab cannot read that server's log."""
+    flags = arm_flags(chunked, budget, profile.engine.get("max_model_len"), threshold=threshold,
+                      log_steps=not profile.is_remote)
+    budget = flags.get("max_num_batched_tokens")
+    if not chunked:
+        title = "chunked prefill off: a long prompt is prefilled in one engine step"
+    else:
+        title = f"chunked prefill on: at most {budget or 'the default'} tokens per engine step"
+        if threshold:
+            title += f", a long prompt's chunk capped at {threshold} while others wait"
+    return arms.Arm(arm_label(chunked, budget, threshold), flags, title=title)
 
-    Arms whose flags a remote target cannot serve are skipped with a note.
-    Returns the table (one row per arm) and {label: Arm}."""
-    plan = sweep_plan(budgets, include_off=include_off, threshold=long_prefill_threshold)
-    return run_plan(ctx, plan, progress=progress, **workload_kw)
 
+def plan(profile, params) -> arms.Plan:
+    """Chunked prefill off (the baseline), then on at each budget of
+    `params["budgets"]`, then, with `long_prefill_threshold` > 0, the
+    smallest budget with --long-prefill-token-threshold (`sweep_plan`).
 
-def run_plan(ctx, plan: Sequence[tuple[bool, int | None, int]], *, progress: bool = True,
-             **workload_kw: Any) -> tuple[pd.DataFrame, dict]:
-    """Run the arms of `plan` ((chunked, budget, threshold) each) in order."""
-    max_model_len = ctx.profile.engine.get("max_model_len")
-    log_steps = not ctx.profile.is_remote  # a remote server's log is out of reach
-    arms: dict[str, Arm] = {}
-    for chunked, budget, threshold in plan:
-        flags = arm_flags(chunked, budget, max_model_len, threshold=threshold,
-                          log_steps=log_steps)
-        label = arm_label(chunked, flags.get("max_num_batched_tokens"), threshold)
-        try:
-            engine = ctx.engine(**flags)
-        except ArmUnavailable as exc:
-            ctx.results.note(f"{label}: skipped ({exc})")
-            print(f"[{label}] skipped: {exc}")
+    Every chunked arm is compared with off. Below max_model_len its budget
+    and chunking change together: vLLM refuses chunked prefill off with
+    max_num_batched_tokens < max_model_len (SchedulerConfig.verify_max_model_len),
+    so no unchunked engine runs at the chunked arm's budget, and the knob is
+    that pair of flags. The threshold arm is compared with the smallest
+    budget, in which it changes only the threshold."""
+    sweep = sweep_plan(params.get("budgets") or (),
+                       threshold=int(params.get("long_prefill_threshold") or 0))
+    off, *chunked = [sweep_arm(profile, *setting) for setting in sweep]
+    out, smallest = [off], None
+    for a in chunked:
+        if "long_prefill_token_threshold" in a.flags:
+            out.append(dataclasses.replace(a, reference=smallest.name,
+                                           knob="long_prefill_token_threshold"))
             continue
-        workload = mixed_workload(engine, **workload_kw)
-        arms[label] = run_arm(engine, workload, label=label, chunked=chunked,
-                              budget=flags.get("max_num_batched_tokens"), threshold=threshold,
-                              results=ctx.results, progress=progress)
-    columns = list(arm_row(Arm("", False, None, Run("", "", [], 0.0))))
-    table = pd.DataFrame([arm_row(a) for a in arms.values()], columns=columns).set_index("arm")
-    return table, arms
+        same_budget = a.flags.get("max_num_batched_tokens") == off.flags.get(
+            "max_num_batched_tokens")
+        out.append(dataclasses.replace(a, knob="enable_chunked_prefill" if same_budget else
+                                       ("enable_chunked_prefill", "max_num_batched_tokens")))
+        smallest = smallest or a  # sweep_plan lists the budgets in ascending order
+    return arms.Plan("01_chunked_prefill", tuple(out))
+
+
+# --------------------------------------------------------------------------
+# One arm, and the sweep
+# --------------------------------------------------------------------------
+
+@dataclass
+class ArmRun:
+    """What one arm measured: its requests and the engine steps it logged."""
+    label: str
+    chunked: bool
+    budget: int | None                 # max_num_batched_tokens (None = server default)
+    run: Run
+    threshold: int = 0                 # long_prefill_token_threshold (0 = none)
+    steps: pd.DataFrame = field(default_factory=lambda: parse_iteration_log(""))
+    host_load: float = math.nan        # 1-minute load average around the run
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        return self.run.records
+
+
+def arm_row(arm: ArmRun) -> dict[str, Any]:
+    """One table row: the latencies the notebook compares, the server's own
+    histograms (/metrics deltas) and what its engine steps did."""
+    recs = [r for r in arm.records if r.ok]
+    short = [r for r in recs if r.tag == SHORT]
+    long = [r for r in recs if r.tag == LONG]
+    c = arm.run.counters or {}
+    out_tokens = sum(r.output_tokens or 0 for r in recs)
+    return {"arm": arm.label, "chunked_prefill": arm.chunked, "max_num_batched_tokens": arm.budget,
+            "long_prefill_token_threshold": arm.threshold,
+            "short_ttft_ms_p50": _pct([r.ttft * 1e3 for r in short], 50),
+            "short_ttft_ms_p99": _pct([r.ttft * 1e3 for r in short], 99),
+            "long_ttft_ms_median": _pct([r.ttft * 1e3 for r in long], 50),
+            "long_ttft_ms_max": _pct([r.ttft * 1e3 for r in long], 100),
+            "blocked_short_ttft_ms_median": _pct(
+                [r.ttft * 1e3 for r in arrived_during_long_prefill(arm.records)], 50),
+            **decode_stall(arm.records),
+            "short_itl_ms_p50": _pct([g * 1e3 for r in short for g in r.itl], 50),
+            "output_tok_s": out_tokens / arm.run.duration_s if arm.run.duration_s else math.nan,
+            "duration_s": arm.run.duration_s,
+            "failed": sum(not r.ok for r in arm.records),
+            "server_ttft_ms_p99": _ms(c.get("server_ttft_s_p99")),
+            "server_itl_ms_p99": _ms(c.get("server_itl_s_p99")),
+            "server_queue_ms_mean": _ms(c.get("server_queue_s_mean")),
+            "server_prefill_ms_mean": _ms(c.get("server_prefill_s_mean")),
+            "prefix_cache_hits": c.get("prefix_cache_hits"),
+            "host_load_1m": arm.host_load,
+            **step_stats(arm.steps)}
+
+
+def _ms(seconds: float | None) -> float:
+    return seconds * 1e3 if seconds is not None else math.nan
+
+
+def sweep_table(runs: Mapping[str, ArmRun]) -> pd.DataFrame:
+    """One `arm_row` per arm run; with none (every arm skipped) an empty table
+    that still has the columns the notebook's later cells index."""
+    columns = list(arm_row(ArmRun("", False, None, Run("", "", [], 0.0))))
+    return pd.DataFrame([arm_row(a) for a in runs.values()], columns=columns).set_index("arm")
+
+
+def _warm_up(engine, workload: Workload) -> None:
+    """One short and one long request first, not measured: the first pass of a
+    shape through a fresh engine pays one-time costs that would land on
+    whichever arm happens to meet it first."""
+    warm = [chat_specs(1, max_tokens=4, seed=99)[0]]
+    if workload.n_long:
+        warm += synthetic_specs(tokenizer_for(engine), 1, workload.long_prompt_tokens,
+                                max_tokens=1, seed=next(_fresh) * 7919 + 1, tag="warm-up")
+    Client.for_engine(engine).run(warm, Load.sequential(), progress=False)
+
+
+def run_arm(engine, workload: Workload, arm: arms.Arm, *, results: Results | None = None,
+            progress: bool = True) -> ArmRun:
+    """Send the workload once on `engine`, the engine of `arm`; keep the
+    counter deltas (in `run.counters`) and the engine steps the server logged
+    meanwhile."""
+    _warm_up(engine, workload)
+    log = StepLog(engine).start()
+    load_before = host_load()
+    run = measure(engine, workload.specs, workload.load, label=arm.name, results=results,
+                  progress=progress, workload=workload.description)
+    flags = arm.flags
+    out = ArmRun(arm.name, bool(flags.get("enable_chunked_prefill")),
+                 flags.get("max_num_batched_tokens"), run,
+                 int(flags.get("long_prefill_token_threshold", 0)), log.read(),
+                 (load_before + host_load()) / 2)
+    if results is not None:
+        results.data["arms"][arm.name].update(engine_steps=step_stats(out.steps),
+                                              host_load_1m=out.host_load)
+        results.save()
+    return out
+
+
+def chunked_prefill_sweep(ctx, names: Sequence[str] | None = None, *, progress: bool = True,
+                          **workload_kw: Any) -> tuple[pd.DataFrame, dict[str, ArmRun]]:
+    """Run the same mixed workload (`mixed_workload(**workload_kw)`) on each
+    arm of the notebook's plan (or the arms `names`), one engine at a time, in
+    the plan's order. An arm the target cannot serve is skipped with a note
+    (`ctx.arm`). Returns the table (one row per arm) and {arm: ArmRun}."""
+    def one(arm: arms.Arm, engine) -> ArmRun:
+        return run_arm(engine, mixed_workload(engine, **workload_kw), arm, results=ctx.results,
+                       progress=progress)
+    runs = arms.run(ctx, names or ctx.plan.names, one)
+    return sweep_table(runs), runs
+
+
+def explore_arm(ctx, budget: int, threshold: int = 0, **workload_kw: Any) -> pd.DataFrame:
+    """One arm on demand (the notebook's Explore widgets): `budget` 0 means
+    chunked prefill off; `threshold` > 0 adds --long-prefill-token-threshold.
+    A setting the plan declares runs as that arm, any other on an engine
+    outside the plan (`ctx.any_engine`)."""
+    chunked = budget > 0
+    a = sweep_arm(ctx.profile, chunked, int(budget) if chunked else None,
+                  int(threshold) if chunked else 0)
+    declared = ctx.plan.find(a.role, a.flags, a.env)
+    if declared is not None:
+        engine = ctx.arm(declared)
+    else:
+        try:
+            engine = ctx.any_engine(**dict(a.flags))
+        except ArmUnavailable as exc:
+            print(f"[{a.name}] cannot run here: {exc}")
+            engine = None
+    if engine is None:
+        return sweep_table({})
+    run = run_arm(engine, mixed_workload(engine, **workload_kw), declared or a,
+                  results=ctx.results)
+    return sweep_table({a.name: run})[SUMMARY_COLUMNS + MECHANISM_COLUMNS].astype(float).T
+
+
+# --------------------------------------------------------------------------
+# Reading the sweep: the headline pair, the findings, this run in words
+# --------------------------------------------------------------------------
+
+def headline_arms(table: pd.DataFrame) -> tuple[str | None, str | None]:
+    """The two arms the findings compare: chunked prefill off, and on at the
+    smallest budget without a long-prefill threshold (None when not run)."""
+    if table.empty or "chunked_prefill" not in table:
+        return None, None
+    thr = table.get("long_prefill_token_threshold", pd.Series(0, index=table.index)).fillna(0)
+    off = table[~table.chunked_prefill]
+    on = table[table.chunked_prefill & (thr == 0)].sort_values("max_num_batched_tokens")
+    return (off.index[0] if len(off) else None), (on.index[0] if len(on) else None)
 
 
 def headline_rows(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -397,6 +477,56 @@ def headline_rows(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
                            f"off={off!r}, on={on!r} (skipped arms are listed in the results' "
                            "notes)")
     return table.loc[off], table.loc[on]
+
+
+def findings(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """The notebook's findings, off against on at the smallest budget
+    (`headline_rows`): short-request TTFT p99 (the checklist's row), the decode
+    stall, long-request TTFT and the engine's throughput while busy, each with
+    the server's step log and histograms as its mechanism."""
+    b, t = headline_rows(table)
+    on = t.name
+    steps = (f"largest prefill per engine step {b.max_prefill_tokens_per_step:.0f} -> "
+             f"{t.max_prefill_tokens_per_step:.0f} tokens, longest step {b.max_step_ms:.0f} -> "
+             f"{t.max_step_ms:.0f} ms (server step log)")
+    return [
+        dict(technique="chunked prefill", metric=f"short-request TTFT p99 (ms), off -> {on}",
+             baseline=b.short_ttft_ms_p99, treated=t.short_ttft_ms_p99,
+             article_claim="TTFT -30-50% (--enable-chunked-prefill --max-num-batched-tokens 4096)",
+             checklist="chunked prefill:ttft",
+             mechanism=f"{steps}; short requests sent during a long prefill: median TTFT "
+                       f"{b.blocked_short_ttft_ms_median:.0f} -> "
+                       f"{t.blocked_short_ttft_ms_median:.0f} ms; "
+                       f"vllm:time_to_first_token_seconds p99 {b.server_ttft_ms_p99:.0f} -> "
+                       f"{t.server_ttft_ms_p99:.0f} ms"),
+        dict(technique="chunked prefill",
+             metric="decode stall: max ITL (ms) of short requests streaming when a long prompt "
+                    f"arrived, off -> {on}",
+             baseline=b.stall_itl_ms_max, treated=t.stall_itl_ms_max,
+             article_claim="long prompts stop blocking short requests",
+             mechanism=f"{steps}; vllm:inter_token_latency_seconds p99 "
+                       f"{b.server_itl_ms_p99:.0f} -> {t.server_itl_ms_p99:.0f} ms"),
+        dict(technique="chunked prefill", metric=f"long-request TTFT median (ms), off -> {on}",
+             baseline=b.long_ttft_ms_median, treated=t.long_ttft_ms_median,
+             article_claim="(not stated; the usual cost of chunking is a slower long prefill)",
+             mechanism=f"prefill steps {b.prefill_steps:.0f} -> {t.prefill_steps:.0f}; "
+                       f"vllm:request_prefill_time_seconds mean {b.server_prefill_ms_mean:.0f} "
+                       f"-> {t.server_prefill_ms_mean:.0f} ms"),
+        dict(technique="chunked prefill",
+             metric=f"engine throughput while busy (tokens/s), off -> {on}",
+             baseline=b.tokens_per_busy_s, treated=t.tokens_per_busy_s,
+             article_claim="(not stated)",
+             mechanism=f"engine steps {b.engine_steps:.0f} -> {t.engine_steps:.0f}; output "
+                       f"{b.output_tok_s:.1f} -> {t.output_tok_s:.1f} tok/s over a fixed "
+                       "arrival schedule"),
+    ]
+
+
+def arm_notes(table: pd.DataFrame) -> list[str]:
+    """One line per arm for the results' notes: stall, short and long TTFT."""
+    return [f"{label}: stall max ITL {row.stall_itl_ms_max:.0f} ms, short TTFT p99 "
+            f"{row.short_ttft_ms_p99:.0f} ms, long TTFT {row.long_ttft_ms_median:.0f} ms"
+            for label, row in table.iterrows()]
 
 
 def _change(before: float, after: float) -> str:
@@ -424,28 +554,6 @@ def this_run(b: pd.Series, t: pd.Series, label: str) -> str:
         f"{t.tokens_per_busy_s:,.0f} tokens/s.",
     ]
     return f"In this run (off → {label}):\n\n" + "\n".join(lines)
-
-
-def explore_arm(ctx, budget: int, threshold: int = 0, **workload_kw: Any) -> pd.DataFrame:
-    """One arm on demand (the notebook's Explore widgets): `budget` 0 means
-    chunked prefill off; `threshold` > 0 adds --long-prefill-token-threshold."""
-    chunked = budget > 0
-    plan = [(True, int(budget), int(threshold))] if chunked else [(False, None, 0)]
-    table, _ = run_plan(ctx, plan, **workload_kw)
-    if table.empty:
-        return table
-    return table[SUMMARY_COLUMNS + MECHANISM_COLUMNS].astype(float).T
-
-
-def headline_arms(table: pd.DataFrame) -> tuple[str | None, str | None]:
-    """The two arms the findings compare: chunked prefill off, and on at the
-    smallest budget without a long-prefill threshold (None when not run)."""
-    if table.empty or "chunked_prefill" not in table:
-        return None, None
-    thr = table.get("long_prefill_token_threshold", pd.Series(0, index=table.index)).fillna(0)
-    off = table[~table.chunked_prefill]
-    on = table[table.chunked_prefill & (thr == 0)].sort_values("max_num_batched_tokens")
-    return (off.index[0] if len(off) else None), (on.index[0] if len(on) else None)
 
 
 #: The columns the notebook shows first (the rest of `arm_row` is mechanism).
@@ -519,17 +627,17 @@ def plot_sweep(table: pd.DataFrame, title: str = "Chunked prefill: what the toke
     return fig
 
 
-def plot_steps(arms: dict, labels: Sequence[str] | None = None,
+def plot_steps(runs: Mapping[str, ArmRun], labels: Sequence[str] | None = None,
                title: str = "Engine steps: how long each one took"):
     """Every engine step of the chosen arms (from the server's step log): its
     duration against its number in the run, prefill steps marked."""
     import matplotlib.pyplot as plt
-    labels = [lb for lb in (labels or list(arms)) if lb in arms and not arms[lb].steps.empty]
+    labels = [lb for lb in (labels or list(runs)) if lb in runs and not runs[lb].steps.empty]
     if not labels:
         raise ValueError("no engine steps to draw (the step log is read from local servers only)")
     fig, ax = plt.subplots(figsize=(9, 4))
     for i, label in enumerate(labels):
-        st = arms[label].steps.reset_index(drop=True)
+        st = runs[label].steps.reset_index(drop=True)
         color = f"C{i}"
         ax.plot(st.index, st.elapsed_ms, color=color, linewidth=0.8, label=f"{label}: every step")
         pre = st[st.ctx_tokens > 0]
@@ -544,8 +652,9 @@ def plot_steps(arms: dict, labels: Sequence[str] | None = None,
     return fig
 
 
-__all__ = ["Arm", "MECHANISM_COLUMNS", "SUMMARY_COLUMNS", "StepLog", "Workload", "arm_flags",
-           "arm_label", "arm_row", "arrived_during_long_prefill", "chunked_prefill_sweep",
-           "decode_stall", "decoding_when_long_arrived", "explore_arm", "this_run", "headline_arms", "headline_rows",
-           "mixed_schedule", "mixed_workload", "parse_iteration_log", "plot_steps", "plot_sweep",
-           "run_arm", "run_plan", "step_stats", "sweep_plan", "vllm_source"]
+__all__ = ["ArmRun", "MECHANISM_COLUMNS", "SUMMARY_COLUMNS", "StepLog", "Workload", "arm_flags",
+           "arm_label", "arm_notes", "arm_row", "arrived_during_long_prefill",
+           "chunked_prefill_sweep", "decode_stall", "decoding_when_long_arrived", "explore_arm",
+           "findings", "headline_arms", "headline_rows", "mixed_schedule", "mixed_workload",
+           "parse_iteration_log", "plan", "plot_steps", "plot_sweep", "run_arm", "step_stats",
+           "sweep_arm", "sweep_plan", "sweep_table", "this_run", "vllm_source"]
