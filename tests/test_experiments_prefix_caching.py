@@ -1,5 +1,6 @@
-"""Pure logic of the prefix-caching experiments: the full-block rule, exact
-token-id prompts, hit rates and TTFT tables (no server needed)."""
+"""Pure logic of the prefix-caching experiments: the plan, the full-block
+rule, exact token-id prompts, hit rates, TTFT tables and the findings (no
+server needed)."""
 import itertools
 import math
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 from lab_utils import workloads
 from lab_utils.experiments import prefix_caching as pc
 from lab_utils.model import embedded_model_dir
+from lab_utils.profiles import load_profile
 
 _names = itertools.count()
 
@@ -17,9 +19,13 @@ _names = itertools.count()
 from stand_ins import word_tokenizer  # noqa: E402
 
 
-def test_arms_differ_in_one_flag():
-    assert pc.ARMS == {"off": {"enable_prefix_caching": False},
-                       "on": {"enable_prefix_caching": True}}
+def test_the_plan_is_off_then_on_differing_in_one_flag():
+    plan = pc.plan(load_profile("cpu"), {}).check()
+    assert plan.names == ["off", "on"]
+    assert [dict(a.flags) for a in plan.arms] == [{"enable_prefix_caching": False},
+                                                  {"enable_prefix_caching": True}]
+    assert plan.arm("on").knob == "enable_prefix_caching"
+    assert plan.reference_of("on").name == "off"
 
 
 @pytest.mark.parametrize("seqs, n", [
@@ -174,3 +180,42 @@ def test_headline_and_block_table():
     t = pc.block_table(c)
     assert t.loc[512, "full_blocks"] == 4 and t.loc[512, "cached_on"] == 512
     assert t.loc[512, "cached_off"] == 0 and t.loc[512, "predicted_cached"] == 512
+
+
+def test_findings_of_hand_made_frames(tmp_path):
+    from lab_utils.results import Results
+    f = _frame()  # measured TTFT off 600..603 ms, on 80..83 ms; 512 of 530 tokens hit
+    b = f.assign(experiment="prefix_length", run=f.run + "b")
+    c = f.assign(experiment="block_boundary", run=f.run + "c", block_size=128,
+                 shared_tokens=512, predicted_cached=512)
+    frames = {"system_prompt": f, "prefix_length": b, "block_boundary": c}
+    median, p99, longest = pc.findings(frames)
+    assert (median["baseline"], median["treated"]) == (601.5, 81.5)
+    assert p99["baseline"] == pytest.approx(602.97) and p99["treated"] == pytest.approx(82.97)
+    assert median["metric"] == "TTFT median (ms), off -> on" and p99["stat"] == "p99"
+    assert median["checklist"] == "prefix caching:ttft" and p99["checklist"] is None
+    assert median["samples"] == ([600.0, 601.0, 602.0, 603.0], [80.0, 81.0, 82.0, 83.0])
+    assert median["mechanism"] == ("vllm:prefix_cache_hits/queries = 96.6% on the 'on' arm "
+                                   "(off: no lookups); 512 of 530 prompt tokens cached per "
+                                   "request")
+    assert longest["technique"] == "prefix caching: long shared prefix"
+    assert longest["metric"] == "TTFT median (ms), 512-token shared prefix, off -> on"
+    assert (longest["baseline"], longest["treated"]) == (601.5, 81.5)
+    assert longest["mechanism"].startswith("vllm:prefix_cache_hits/queries = 96.6%; 512 of 530")
+    table = Results("02_prefix_caching", tmp_path).add_findings([median, p99, longest])
+    assert table.change_pct[0] == pytest.approx((81.5 - 601.5) / 601.5 * 100)
+    assert pc.block_rule_note(c) == "block rule: 512 shared -> 512 cached"
+
+
+def test_arms_a_remote_target_cannot_serve_are_skipped_with_a_note(tmp_path):
+    from lab_utils.notebook import NotebookContext
+    from lab_utils.results import Results
+    from lab_utils.server import EnginePool
+    remote = load_profile("remote", base_url="http://127.0.0.1:9")
+    results = Results("02_prefix_caching", tmp_path, "remote")
+    ctx = NotebookContext("02_prefix_caching", remote, EnginePool(remote), results, {},
+                          pc.plan(remote, {}))
+    frames = pc.run_arms(ctx)
+    assert all(f.empty and list(f.columns) == pc.SHOW for f in frames.values())
+    assert sorted(results.data["skipped_arms"]) == ["off", "on"]
+    assert pc.explore_prefix_length(ctx, "on", 512).empty
