@@ -203,3 +203,99 @@ def test_remote_or_missing_engines_give_empty_frames_and_a_note(tmp_path):
     assert pw.quality_checks(None).empty
     assert pw.warm_up(None, ["p"]).empty
     assert pw.startup_timeline(None).empty
+
+
+def test_the_plan_is_cache_off_then_on():
+    from lab_utils.profiles import load_profile
+    plan = pw.plan(load_profile("cpu"), {}).check()
+    assert plan.names == ["cache off", "cache on"]
+    assert [dict(a.flags) for a in plan.arms] == [{"enable_prefix_caching": False},
+                                                  {"enable_prefix_caching": True}]
+    assert plan.arm("cache on").knob == "enable_prefix_caching"
+
+
+def _prompt_arm(state, ttft, e2e, prompt, cached, hits, queries):
+    """Two questions, each with the long and the short prompt (values per prompt)."""
+    rows = [{"prefix_caching": state, "system_prompt": name, "ttft_ms": ttft[name] + d,
+             "e2e_ms": e2e[name] + d, "prompt_tokens": prompt[name], "cached_tokens": cached[name]}
+            for d in (0.0, 10.0) for name in ("long", "short")]
+    frame = pd.DataFrame(rows)
+    frame.attrs["counters"] = {"prefix_cache_hits": hits, "prefix_cache_queries": queries}
+    return frame
+
+
+def _warmup_frames():
+    starts = pd.DataFrame({
+        "start": [0, 0, 1, 1, 1, 2, 2],
+        "arm": ["no warm-up, cache off"] * 2 + ["no warm-up"] * 3 + ["warm-up routine"] * 2,
+        "request": ["first", "later", "first", "later", "later", "first", "later"],
+        "ttft_ms": [300.0, 100.0, 200.0, 90.0, 110.0, 95.0, 90.0],
+        "server_ttft_ms": [280.0, 80.0, 170.0, 75.0, 75.0, 80.0, 75.0],
+        "server_prefill_ms": [260.0, 70.0, 150.0, 65.0, 65.0, 70.0, 65.0],
+        "cached_tokens": [0, 0, 0, 0, 0, 0, 0]})
+    warm = pd.DataFrame({"kv_blocks": [0, 0, 0]})
+    warm.attrs.update(block_size=128, counters={"prefix_cache_hits": 0.0})
+    return starts, [warm], pd.DataFrame({"kv_blocks": [4, 1]})
+
+
+def test_findings_of_hand_made_frames(tmp_path):
+    from lab_utils.results import Results
+    off = _prompt_arm("off", {"long": 600.0, "short": 200.0}, {"long": 1000.0, "short": 600.0},
+                      {"long": 540, "short": 176}, {"long": 0, "short": 0}, 0.0, 0.0)
+    on = _prompt_arm("on", {"long": 60.0, "short": 80.0}, {"long": 440.0, "short": 440.0},
+                     {"long": 540, "short": 176}, {"long": 512, "short": 128}, 2560.0, 2864.0)
+    quality = pd.DataFrame({"system_prompt": ["long", "short"] * 3,
+                            "passed": [True, True, False, True, False, False]})
+    starts, warmups, prefill_real = _warmup_frames()
+    found = pw.findings(off, on, quality, starts, warmups, prefill_real)
+    assert [f["technique"] for f in found] == [
+        "shorter input (prefix cache off)", "shorter input (prefix cache off)",
+        "shorter input (prefix cache on)", "shorter input (prefix cache on)",
+        "shorter input: quality", "warm-up: cold start", "warm-up routine"]
+    # medians of x and x + 10
+    assert [(f["baseline"], f["treated"]) for f in found[:4]] == [
+        (605.0, 205.0), (1005.0, 605.0), (65.0, 85.0), (445.0, 445.0)]
+    assert found[0]["metric"] == "TTFT median (ms), 512- -> 148-token system prompt"
+    assert found[1]["metric"] == "total latency median (ms), 512- -> 148-token system prompt"
+    assert found[2]["mechanism"] == ("computed prompt tokens per request 28 -> 48; "
+                                     "vllm:prefix_cache_hits 2560 of 2864 queried tokens")
+    assert (found[4]["baseline"], found[4]["treated"]) == (1, 2)
+    assert found[4]["metric"] == "quality checks passed (of 3), long -> short prompt"
+    # cold: the starts without warm-up (0 and 1); first 300, 200 -> median 250; later 90..110
+    cold = found[5]
+    assert (cold["baseline"], cold["treated"]) == (250.0, 100.0)
+    assert cold["mechanism"] == ("2 fresh starts; server-side prefill 205 -> 65 ms, frontend "
+                                 "(template, tokenizer) 20 -> 10 ms")
+    routine = found[6]
+    assert (routine["baseline"], routine["treated"]) == (200.0, 95.0)
+    assert routine["mechanism"].endswith("fill 0 whole 128-token KV blocks (prefix-cache hits "
+                                         "0); the full system prompts fill [4, 1] (long, short)")
+    table = Results("03_prompt_length_and_warmup", tmp_path).add_findings(found)
+    assert table.change_pct[0] == pytest.approx(-400 / 605 * 100)
+
+
+def test_findings_leave_out_what_did_not_run():
+    empty = pd.DataFrame(columns=pw._PROMPT_COLUMNS)
+    starts, warmups, prefill_real = _warmup_frames()
+    found = pw.findings(empty, empty, pd.DataFrame(), starts[starts.start == 0], [],
+                        pd.DataFrame())
+    assert [f["technique"] for f in found] == ["warm-up: cold start"]
+    assert pw.findings(empty, empty, pd.DataFrame(), pd.DataFrame(), [], pd.DataFrame()) == []
+
+
+def test_arms_a_remote_target_cannot_serve_are_skipped_with_a_note(tmp_path):
+    from lab_utils.notebook import NotebookContext
+    from lab_utils.profiles import load_profile
+    from lab_utils.results import Results
+    from lab_utils.server import EnginePool
+    remote = load_profile("remote", base_url="http://127.0.0.1:9")
+    results = Results("03_prompt_length_and_warmup", tmp_path, "remote")
+    ctx = NotebookContext("03_prompt_length_and_warmup", remote, EnginePool(remote), results,
+                          {}, pw.plan(remote, {}))
+    assert pw.fresh_engine(ctx, "cache off") is None
+    assert pw.prompt_length_arm(ctx, "cache on", 2, results=results).empty
+    requests, timelines, warmups = pw.cold_start_experiment(ctx, "cache on", 2, 1, ["p"],
+                                                            results=results)
+    assert requests.empty and timelines == [] and warmups == []
+    assert sorted(results.data["skipped_arms"]) == ["cache off", "cache on"]
+    assert any("cold-start experiment skipped" in n for n in results.data["notes"])

@@ -19,12 +19,15 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
+from .. import arms
 from ..client import Load, RequestSpec, Run
 from ..metrics import summarize
 from ..results import Results, measure
-from ..server import ArmUnavailable
 from ..vllm_logs import latest_start
 from ..workloads import chat, chat_questions, system_prompts
+
+#: The notebook's two engines (`plan`): vLLM's prefix cache off and on.
+CACHE_OFF, CACHE_ON = "cache off", "cache on"
 
 #: System prompts by name: the dataset's verbose and compact forms, or none.
 PROMPT_NAMES = ("long", "short", "none")
@@ -37,6 +40,19 @@ _QUALITY_COLUMNS = ["check", "question", "expect_any", "system_prompt", "answer"
                     "output_tokens", "finish_reason"]
 _PROMPT_COLUMNS = ["system_prompt", "prefix_caching", "question", "prompt_tokens",
                    "cached_tokens", "output_tokens", "ttft_ms", "e2e_ms", "tpot_ms", "ok"]
+
+
+def plan(profile, params) -> arms.Plan:
+    """Two engines that differ in `enable_prefix_caching`: off first (the
+    baseline, a server that recomputes every prompt: section 1), then on,
+    vLLM's default, said explicitly so the two command lines differ in that
+    one flag. The cold-start experiment starts the "on" arm afresh
+    `fresh_starts` times (`fresh_engine`): the same engine, a new process."""
+    return arms.Plan("03_prompt_length_and_warmup", (
+        arms.Arm(CACHE_OFF, {"enable_prefix_caching": False},
+                 title="prefix cache off: every request prefills its whole prompt"),
+        arms.Arm(CACHE_ON, {"enable_prefix_caching": True}, knob="enable_prefix_caching",
+                 title="prefix cache on (vLLM's default)")))
 
 
 # --------------------------------------------------------------------------
@@ -189,45 +205,31 @@ def summary_by(frame: pd.DataFrame, by: Sequence[str],
 # Shorter input: TTFT and total latency per system prompt and cache setting
 # --------------------------------------------------------------------------
 
-def engine_or_none(ctx, *, fresh: bool = False, results: Results | None = None,
-                   **flags: Any):
-    """`ctx.engine(**flags)`, or None (and a note in the results) when the
-    target cannot serve these flags (a remote server without that arm).
-
-    `fresh=True` stops every server of the notebook first, so the engine is a
-    new process that has served nothing; its launch and ready times go to
-    `engine.info["launched_at"]` / `["ready_at"]` (ISO text)."""
-    if fresh:
-        ctx.engines.close()
+def fresh_engine(ctx, arm: str):
+    """A newly started server of the plan's `arm`: every server of the
+    notebook is stopped first, so it is a new process that has served
+    nothing; its launch and ready times go to `engine.info["launched_at"]` /
+    `["ready_at"]` (ISO text). None (noted) when the target cannot serve it."""
+    ctx.engines.close()
     launched = _dt.datetime.now()
-    try:
-        engine = ctx.engine(**flags)
-    except ArmUnavailable as exc:
-        (results or ctx.results).note(f"skipped the arm {flags}: {exc}")
-        print(f"skipped: {exc}")
-        return None
-    if fresh:
+    engine = ctx.arm(arm)
+    if engine is not None:
         engine.info["launched_at"] = launched.isoformat(timespec="seconds")
         engine.info["ready_at"] = _dt.datetime.now().isoformat(timespec="seconds")
     return engine
 
 
-def fresh_engine(ctx, *, results: Results | None = None, **flags: Any):
-    """A newly started server with `flags` (see `engine_or_none`)."""
-    return engine_or_none(ctx, fresh=True, results=results, **flags)
-
-
-def prompt_length_arm(ctx, cache: bool, n_questions: int, *,
+def prompt_length_arm(ctx, arm: str, n_questions: int, *,
                       prompts: Sequence[str] = ("long", "short"), max_tokens: int = 16,
                       results: Results | None = None, progress: bool = True) -> pd.DataFrame:
     """Sequential requests, the same questions with each system prompt in turn,
-    on the engine with `enable_prefix_caching=cache`. One row per request."""
-    engine = engine_or_none(ctx, results=results, enable_prefix_caching=bool(cache))
+    on the engine of the plan's `arm` (empty, and noted, when the target
+    cannot serve it). One row per request."""
+    engine = ctx.arm(arm)
     if engine is None:
         return pd.DataFrame(columns=_PROMPT_COLUMNS)
     specs = interleaved_specs(prompts, n_questions, max_tokens=max_tokens)
-    reported = prefix_caching_of(engine)  # what the server says it runs with
-    state = "on" if (cache if reported is None else reported) else "off"
+    state = "on" if prefix_caching_of(engine) else "off"  # what the server says it runs with
     label = f"system prompt {'/'.join(prompts)}, prefix caching {state}"
     run = measure(engine, specs, Load.sequential(), label=label, results=results,
                   progress=progress)
@@ -405,17 +407,17 @@ def startup_timeline(engine) -> pd.DataFrame:
     return frame
 
 
-def cold_start_experiment(ctx, fresh_starts: int, warm_requests: int,
-                          prefixes: Sequence[str], *, results: Results | None = None,
-                          **flags: Any) -> tuple[pd.DataFrame, list[pd.DataFrame], list[pd.DataFrame]]:
-    """`fresh_starts` new servers with `flags`, alternating: without warm-up,
+def cold_start_experiment(ctx, arm: str, fresh_starts: int, warm_requests: int,
+                          prefixes: Sequence[str], *, results: Results | None = None
+                          ) -> tuple[pd.DataFrame, list[pd.DataFrame], list[pd.DataFrame]]:
+    """`fresh_starts` new servers of the plan's `arm`, alternating: without warm-up,
     then with `warm_up(engine, prefixes)` before the first user request.
     Returns (one row per user request, start-up timelines, warm-up frames);
     the last server is left running for the next experiments."""
     frames, timelines, warmups = [], [], []
     for i in range(1, fresh_starts + 1):
         with_warmup = i % 2 == 0
-        engine = fresh_engine(ctx, results=results, **flags)
+        engine = fresh_engine(ctx, arm)
         if engine is None or engine.server is None:
             (results or ctx.results).note("cold-start experiment skipped: the lab can only "
                                           "restart servers it started itself")
@@ -459,17 +461,110 @@ def where_first_request_time_goes(requests: pd.DataFrame) -> pd.DataFrame:
                  cached_tokens=("cached_tokens", "max"))
 
 
-def explore_prompt_length(ctx, prompts: Sequence[str], cache: bool, n_questions: int,
+def explore_prompt_length(ctx, prompts: Sequence[str], arm: str, n_questions: int,
                           max_tokens: int) -> pd.DataFrame:
-    """What the Explore widget runs: one prompt-length arm, summarised."""
-    frame = prompt_length_arm(ctx, cache, n_questions, prompts=list(prompts) or ["short"],
+    """What the Explore widget runs: the prompt-length requests on one arm, summarised."""
+    frame = prompt_length_arm(ctx, arm, n_questions, prompts=list(prompts) or ["short"],
                               max_tokens=max_tokens, progress=True)
     return summary_by(frame, ["prefix_caching", "system_prompt"]) if not frame.empty else frame
 
 
-__all__ = ["PROMPT_NAMES", "COLD_SYSTEM", "system_prompt_text", "interleaved_specs",
+# --------------------------------------------------------------------------
+# Findings
+# --------------------------------------------------------------------------
+
+def shorter_input_findings(off: pd.DataFrame, on: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per cache setting that ran: median TTFT and total latency with the
+    512-token against the 148-token system prompt, with the prompt tokens the
+    engine computed (prompt - cached) and the prefix-cache counters of the arm."""
+    both = pd.concat([off, on], ignore_index=True)
+    med = both.groupby(["prefix_caching", "system_prompt"])[["ttft_ms", "e2e_ms"]].median()
+    tokens = both.assign(computed_tokens=both.prompt_tokens - both.cached_tokens) \
+        .groupby(["prefix_caching", "system_prompt"]).computed_tokens.median()
+    out = []
+    for state, frame in (("off", off), ("on", on)):
+        if frame.empty:
+            continue
+        c = frame.attrs["counters"]
+        evidence = (f"computed prompt tokens per request {tokens[(state, 'long')]:.0f} -> "
+                    f"{tokens[(state, 'short')]:.0f}; vllm:prefix_cache_hits "
+                    f"{c['prefix_cache_hits']:.0f} of {c['prefix_cache_queries']:.0f} queried "
+                    "tokens")
+        out += [dict(technique=f"shorter input (prefix cache {state})",
+                     metric=f"{name} median (ms), 512- -> 148-token system prompt",
+                     baseline=med.loc[(state, "long"), metric],
+                     treated=med.loc[(state, "short"), metric],
+                     article_claim="a shorter prompt lowers TTFT (bad: 500 tokens, good: 150)",
+                     mechanism=evidence)
+                for metric, name in (("ttft_ms", "TTFT"), ("e2e_ms", "total latency"))]
+    return out
+
+
+def quality_findings(quality: pd.DataFrame) -> list[dict[str, Any]]:
+    """Quality checks passed with the long against the short prompt (none
+    when the checks did not run)."""
+    if quality.empty:
+        return []
+    passed = quality.groupby("system_prompt", sort=False).passed.sum()
+    return [dict(technique="shorter input: quality",
+                 metric=f"quality checks passed (of {len(quality) // 2}), long -> short prompt",
+                 baseline=int(passed.get("long", 0)), treated=int(passed.get("short", 0)),
+                 article_claim="(implicit) the shorter prompt keeps the intended behaviour",
+                 mechanism="greedy answers of the served model; keyword checks of "
+                           "system_prompts.json")]
+
+
+def warm_up_findings(starts: pd.DataFrame, warmups: Sequence[pd.DataFrame],
+                     prefill_real: pd.DataFrame) -> list[dict[str, Any]]:
+    """The cold start (first request after a start against the later ones,
+    starts without warm-up) and the article's warm-up routine (the first user
+    request without and with it), from `cold_start_experiment`'s requests,
+    its warm-up frames and the pre-fill of the real system prompts."""
+    out = []
+    cold = starts[starts.arm.str.startswith("no warm-up")] if len(starts) else starts
+    if not cold.empty:
+        first, later = cold[cold.request == "first"], cold[cold.request == "later"]
+        out.append(dict(
+            technique="warm-up: cold start",
+            metric="TTFT median (ms), first request after a start -> later requests",
+            baseline=first.ttft_ms.median(), treated=later.ttft_ms.median(),
+            article_claim="the first request after start pays a cold-start penalty",
+            mechanism=f"{cold.start.nunique()} fresh starts; server-side prefill "
+                      f"{first.server_prefill_ms.median():.0f} -> "
+                      f"{later.server_prefill_ms.median():.0f} ms, frontend (template, "
+                      f"tokenizer) {(first.server_ttft_ms - first.server_prefill_ms).median():.0f}"
+                      f" -> {(later.server_ttft_ms - later.server_prefill_ms).median():.0f} ms"))
+    firsts = starts[starts.request == "first"].groupby("arm") if len(starts) else None
+    if warmups and firsts is not None and {"no warm-up", "warm-up routine"} <= set(firsts.groups):
+        ttft, cached = firsts.ttft_ms.median(), firsts.cached_tokens.max()
+        last = warmups[-1]
+        out.append(dict(
+            technique="warm-up routine",
+            metric="first user request TTFT (ms), no warm-up -> article's warm-up routine",
+            baseline=ttft["no warm-up"], treated=ttft["warm-up routine"],
+            article_claim="warming up at start removes the cold-start penalty",
+            mechanism=f"first user request cached_tokens {cached['no warm-up']:.0f} -> "
+                      f"{cached['warm-up routine']:.0f}: the article's prefixes fill "
+                      f"{last.kv_blocks.max()} whole {last.attrs['block_size']}-token KV blocks "
+                      f"(prefix-cache hits {last.attrs['counters']['prefix_cache_hits']:.0f}); "
+                      f"the full system prompts fill {prefill_real.kv_blocks.tolist()} "
+                      "(long, short)"))
+    return out
+
+
+def findings(off: pd.DataFrame, on: pd.DataFrame, quality: pd.DataFrame, starts: pd.DataFrame,
+             warmups: Sequence[pd.DataFrame], prefill_real: pd.DataFrame) -> list[dict[str, Any]]:
+    """The notebook's findings, in its order: shorter input (cache off, on),
+    quality, cold start, warm-up routine. A part whose arm did not run here
+    gives none."""
+    return (shorter_input_findings(off, on) + quality_findings(quality)
+            + warm_up_findings(starts, warmups, prefill_real))
+
+
+__all__ = ["CACHE_OFF", "CACHE_ON", "PROMPT_NAMES", "COLD_SYSTEM", "system_prompt_text", "interleaved_specs",
            "check_passed", "prefix_blocks", "block_size_of", "prefix_caching_of",
            "latest_start", "startup_events", "log_after_startup", "side_by_side", "summary_by",
            "prompt_length_arm", "quality_checks", "warm_up", "fresh_engine", "first_requests",
            "cold_start_experiment", "where_first_request_time_goes", "explore_prompt_length",
-           "engine_or_none", "measure_one_by_one", "startup_timeline", "ttft_by_order"]
+           "findings", "measure_one_by_one", "plan", "quality_findings",
+           "shorter_input_findings", "startup_timeline", "ttft_by_order", "warm_up_findings"]
