@@ -343,13 +343,11 @@ def test_findings_compare_off_with_the_smallest_budget(tmp_path):
 
 
 def test_unavailable_arms_are_skipped_with_a_note(tmp_path):
-    from lab_utils.notebook import NotebookContext
-    from lab_utils.results import Results
-    from lab_utils.server import EnginePool
-    remote = load_profile("remote", base_url="http://127.0.0.1:9")
-    results = Results("01_chunked_prefill", tmp_path, "remote")
-    ctx = NotebookContext("01_chunked_prefill", remote, EnginePool(remote), results, {},
-                          cp.plan(remote, {"budgets": [256]}))
+    from lab_utils.notebook import setup
+    ctx = setup("01_chunked_prefill", {"profile": "remote", "base_url": "http://127.0.0.1:9",
+                                       "results_dir": str(tmp_path), "budgets": [256]},
+                plan=cp.plan)
+    results = ctx.results
     table, runs = cp.chunked_prefill_sweep(ctx)
     assert table.empty and runs == {}
     assert "short_ttft_ms_p99" in table.columns  # the notebook's later cells still index it

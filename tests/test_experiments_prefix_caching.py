@@ -21,10 +21,9 @@ from stand_ins import word_tokenizer  # noqa: E402
 
 def test_the_plan_is_off_then_on_differing_in_one_flag():
     plan = pc.plan(load_profile("cpu"), {}).check()
-    assert plan.names == ["off", "on"]
-    assert [dict(a.flags) for a in plan.arms] == [{"enable_prefix_caching": False},
-                                                  {"enable_prefix_caching": True}]
-    assert plan.arm("on").knob == "enable_prefix_caching"
+    assert [(a.name, dict(a.flags), a.knob) for a in plan.arms] == [
+        ("off", {"enable_prefix_caching": False}, None),
+        ("on", {"enable_prefix_caching": True}, "enable_prefix_caching")]
     assert plan.reference_of("on").name == "off"
 
 
@@ -208,14 +207,10 @@ def test_findings_of_hand_made_frames(tmp_path):
 
 
 def test_arms_a_remote_target_cannot_serve_are_skipped_with_a_note(tmp_path):
-    from lab_utils.notebook import NotebookContext
-    from lab_utils.results import Results
-    from lab_utils.server import EnginePool
-    remote = load_profile("remote", base_url="http://127.0.0.1:9")
-    results = Results("02_prefix_caching", tmp_path, "remote")
-    ctx = NotebookContext("02_prefix_caching", remote, EnginePool(remote), results, {},
-                          pc.plan(remote, {}))
+    from lab_utils.notebook import setup
+    ctx = setup("02_prefix_caching", {"profile": "remote", "base_url": "http://127.0.0.1:9",
+                                      "results_dir": str(tmp_path)}, plan=pc.plan)
     frames = pc.run_arms(ctx)
     assert all(f.empty and list(f.columns) == pc.SHOW for f in frames.values())
-    assert sorted(results.data["skipped_arms"]) == ["off", "on"]
+    assert sorted(ctx.results.data["skipped_arms"]) == ["off", "on"]
     assert pc.explore_prefix_length(ctx, "on", 512).empty

@@ -207,11 +207,11 @@ def test_remote_or_missing_engines_give_empty_frames_and_a_note(tmp_path):
 
 def test_the_plan_is_cache_off_then_on():
     from lab_utils.profiles import load_profile
-    plan = pw.plan(load_profile("cpu"), {}).check()
-    assert plan.names == ["cache off", "cache on"]
-    assert [dict(a.flags) for a in plan.arms] == [{"enable_prefix_caching": False},
-                                                  {"enable_prefix_caching": True}]
-    assert plan.arm("cache on").knob == "enable_prefix_caching"
+    plan = pw.plan(load_profile("cpu"), {"fresh_starts": 6}).check()
+    off, on = plan.arms            # fresh starts restart the same arm: no more engines
+    assert (off.name, dict(off.flags)) == (pw.CACHE_OFF, {"enable_prefix_caching": False})
+    assert (on.name, dict(on.flags), on.knob) == (pw.CACHE_ON, {"enable_prefix_caching": True},
+                                                  "enable_prefix_caching")
 
 
 def _prompt_arm(state, ttft, e2e, prompt, cached, hits, queries):
@@ -284,14 +284,10 @@ def test_findings_leave_out_what_did_not_run():
 
 
 def test_arms_a_remote_target_cannot_serve_are_skipped_with_a_note(tmp_path):
-    from lab_utils.notebook import NotebookContext
-    from lab_utils.profiles import load_profile
-    from lab_utils.results import Results
-    from lab_utils.server import EnginePool
-    remote = load_profile("remote", base_url="http://127.0.0.1:9")
-    results = Results("03_prompt_length_and_warmup", tmp_path, "remote")
-    ctx = NotebookContext("03_prompt_length_and_warmup", remote, EnginePool(remote), results,
-                          {}, pw.plan(remote, {}))
+    from lab_utils.notebook import setup
+    ctx = setup("03_prompt_length_and_warmup", {"profile": "remote", "results_dir": str(tmp_path),
+                                                "base_url": "http://127.0.0.1:9"}, plan=pw.plan)
+    results = ctx.results
     assert pw.fresh_engine(ctx, "cache off") is None
     assert pw.prompt_length_arm(ctx, "cache on", 2, results=results).empty
     requests, timelines, warmups = pw.cold_start_experiment(ctx, "cache on", 2, 1, ["p"],
