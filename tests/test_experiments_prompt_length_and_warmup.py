@@ -2,6 +2,7 @@
 blocks, the vLLM start-up log parser and the summaries (no server needed)."""
 import datetime as dt
 import math
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -295,3 +296,20 @@ def test_arms_a_remote_target_cannot_serve_are_skipped_with_a_note(tmp_path):
     assert requests.empty and timelines == [] and warmups == []
     assert sorted(results.data["skipped_arms"]) == ["cache off", "cache on"]
     assert any("cold-start experiment skipped" in n for n in results.data["notes"])
+
+
+def test_cold_starts_restart_the_same_arm_and_alternate_the_routine(monkeypatch):
+    asked, closed = [], []
+    engine = _Engine()
+    engine.server = _Server("unused.log")
+    ctx = SimpleNamespace(arm=lambda name: asked.append(name) or engine,
+                          engines=SimpleNamespace(close=lambda: closed.append(1)))
+    monkeypatch.setattr(pw, "startup_timeline", lambda e: pd.DataFrame({"event": ["up"]}))
+    monkeypatch.setattr(pw, "warm_up", lambda e, prefixes, **kw: pd.DataFrame({"kv_blocks": [0]}))
+    monkeypatch.setattr(pw, "first_requests", lambda e, n, *, start, arm, results: pd.DataFrame(
+        {"start": [start], "arm": [arm]}))
+    requests, timelines, warmups = pw.cold_start_experiment(ctx, "cache on", 3, 1, ["p"])
+    assert asked == ["cache on"] * 3 and len(closed) == 3     # a new process each time
+    assert requests.arm.tolist() == ["no warm-up", "warm-up routine", "no warm-up"]
+    assert len(timelines) == 3 and [w.start.iloc[0] for w in warmups] == [2]
+    assert "launched_at" in engine.info and "ready_at" in engine.info

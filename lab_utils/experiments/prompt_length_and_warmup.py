@@ -423,11 +423,11 @@ def cold_start_experiment(ctx, arm: str, fresh_starts: int, warm_requests: int,
                                           "restart servers it started itself")
             break
         timelines.append(startup_timeline(engine).assign(start=i))
-        arm = "warm-up routine" if with_warmup else "no warm-up"
         if with_warmup:
             warmups.append(warm_up(engine, prefixes, results=results,
                                    label=f"start {i}: warm-up routine").assign(start=i))
-        frames.append(first_requests(engine, warm_requests, start=i, arm=arm, results=results))
+        frames.append(first_requests(engine, warm_requests, start=i, results=results,
+                                     arm="warm-up routine" if with_warmup else "no warm-up"))
     requests = pd.concat(frames, ignore_index=True) if frames else \
         pd.DataFrame(columns=_REQUEST_COLUMNS)
     return requests, timelines, warmups
