@@ -152,3 +152,56 @@ def test_tls_arms_and_emulated_rtt(fake, tmp_path):
         # A new TLS connection per request pays the TCP and TLS round trips.
         assert t.loc[(60, "new"), "TTFT p50 (ms)"] - t.loc[(60, "pooled"), "TTFT p50 (ms)"] > 80
         assert t.loc[(60, "new"), "connections (client trace)"] == 3
+
+
+def test_plan_is_the_one_baseline_engine():
+    from lab_utils.profiles import load_profile
+    plan = cx.plan(load_profile("cpu"), {})
+    assert plan.names == ["baseline"] and plan.problems() == []
+    assert not plan.baseline.flags and plan.baseline.role is None
+
+
+def _rows(target, conc, arm, ttfts, opened, **per_request):
+    """One row per request of an arm; `opened` says which opened a connection."""
+    return [{"target": target, "concurrency": conc, "arm": arm, "ok": True, "ttft_ms": t,
+             "new_connection": o, "http_version": "HTTP/1.1",
+             **{k: v[i] for k, v in per_request.items()},
+             **{k: 0.0 for k in ("tcp_ms", "tls_ms", "setup_ms") if k not in per_request}}
+            for i, (t, o) in enumerate(zip(ttfts, opened))]
+
+
+def test_findings_compare_new_connections_with_reuse(tmp_path):
+    import pandas as pd
+
+    from lab_utils.results import Results
+    vllm, app = cx.Target("vLLM", "http://v", "m"), cx.Target("app", "https://a", "m")
+    frame = pd.DataFrame(
+        _rows("vLLM", 1, "new", [100, 110], [True, True], tcp_ms=[0.5, 0.7])
+        + _rows("vLLM", 1, "pooled", [90, 96], [True, False])
+        + _rows("vLLM", 1, "http2", [91, 95], [True, False])
+        + _rows("app", 4, "new", [200, 220, 240, 260], [True] * 4, tls_ms=[5, 6, 7, 8])
+        + _rows("app", 4, "pooled", [150, 160, 170, 180], [True, True, False, False])
+        + _rows("app", 4, "http2", [140, 150, 160, 170], [True, False, False, False]))
+    remote = pd.DataFrame(
+        _rows("app", 1, "new", [400, 420], [True, True], setup_ms=[205, 207], rtt_ms=[100, 100])
+        + _rows("app", 1, "pooled", [200, 210], [True, False], rtt_ms=[100, 100])
+        + _rows("app", 1, "new", [50, 60], [True, True], rtt_ms=[0, 0])
+        + _rows("app", 1, "pooled", [40, 45], [True, False], rtt_ms=[0, 0]))
+    failed = _rows("app", 1, "pooled", [1], [True], rtt_ms=[100])[0] | {"ok": False}
+    remote = pd.concat([remote, pd.DataFrame([failed])], ignore_index=True)
+    found = cx.findings(frame, remote, [vllm, app], top=4)
+    loopback, pooled, http2, far = found
+    assert (loopback["baseline"], loopback["treated"]) == (105, 93)
+    assert loopback["mechanism"] == ("new 2, pooled 1, http2 1 connections for 2 requests; "
+                                     "TCP connect 0.60 ms each")
+    assert pooled["technique"] == "connection reuse: HTTPS app, c=4"
+    assert (pooled["baseline"], pooled["treated"]) == (230, 165)
+    assert (http2["baseline"], http2["treated"]) == (230, 155)
+    assert http2["metric"] == "TTFT median (ms), new -> http2"
+    assert http2["mechanism"] == ("new 4, pooled 2, http2 1 connections for 4 requests; "
+                                  "TLS handshake 6.5 ms each")
+    assert far["technique"] == "connection reuse: emulated RTT 100 ms (HTTPS)"
+    assert (far["baseline"], far["treated"]) == (410, 205)
+    assert "set-up 206 ms per request; the pool opened 1 connection(s) in all" in far["mechanism"]
+    assert {f["article_claim"] for f in found} == {cx.CLAIM}
+    assert len(Results("08_connection_reuse", tmp_path).add_findings(found)) == 4

@@ -180,3 +180,73 @@ def test_timed_request_reports_http_errors(upstream):
                                           {"model": "http500", "messages": [], "stream": True})
     t = run_sync(go())
     assert not t.ok and t.status == 500 and "engine dead" in t.error
+
+
+# --------------------------------------------------------------------------
+# The plan and the findings
+# --------------------------------------------------------------------------
+
+def test_plan_is_the_one_baseline_engine():
+    from lab_utils.profiles import load_profile
+    plan = st.plan(load_profile("cpu"), {})
+    assert plan.names == ["baseline"] and plan.problems() == []
+    assert not plan.baseline.flags and plan.baseline.role is None
+
+
+def _claim_frame():
+    """Three requests per streamed/non-streamed arm direct to vLLM, plus rows
+    findings must leave out: the app's, and a failed request."""
+    rows = []
+    def add(target, stream, first, e2e, server_e2e, server_ttft, ok=True):
+        rows.append({"target": target, "stream": stream, "ok": ok, "first_content_ms": first,
+                     "e2e_ms": e2e, "server_e2e_ms": server_e2e, "server_ttft_ms": server_ttft})
+    for first, server_e2e, ttft in ((1000, 990, 80), (1200, 1195, 90), (1400, 1390, 100)):
+        add("direct", False, first, first, server_e2e, ttft)       # delivery 10, 5, 10 ms
+    for first, e2e, server_e2e, ttft in ((100, 1010, 1009, 85), (120, 1190, 1188, 95),
+                                         (300, 1500, 1490, 105)):
+        add("direct", True, first, e2e, server_e2e, ttft)          # delivery 1, 2, 10 ms
+    add("app", True, 5, 5, 5, 5)
+    add("direct", True, 1, 1, 1, 1, ok=False)
+    return pd.DataFrame(rows)
+
+
+def _overhead_frame():
+    """Three requests through the app, 2, 3 and 4 ms over its upstream TTFT."""
+    return pd.DataFrame({"target": ["app"] * 3 + ["direct"], "ok": True,
+                         "ttft_ms": [100.0, 104.0, 110.0, 99.0],
+                         "upstream_ttft_ms": [98.0, 101.0, 106.0, math.nan],
+                         "overhead_ttft_ms": [2.0, 3.0, 4.0, math.nan],
+                         "overhead_e2e_ms": [2.0, 3.0, 4.0, math.nan],
+                         "app_before_upstream_ms": [0.5, 0.5, 0.5, math.nan]})
+
+
+def test_findings_give_both_halves_of_the_claim_and_the_apps_costs(tmp_path):
+    from lab_utils.results import Results
+    claim = st.claim_check(_claim_frame(), "direct")
+    overhead = st.overhead_summary(_overhead_frame())
+    cut = {"max_tokens": 256, "generated_tokens": 9, "running_zero_after_ms": 61.4,
+           "vllm_requests_finished": 0}
+    found = st.findings(claim, overhead, cut, max_tokens=32)
+    perceived, real, delivery, app, disconnect = found
+    assert (perceived["baseline"], perceived["treated"]) == (1200, 120)
+    assert perceived["checklist"] == "streaming:ttft"
+    assert perceived["metric"] == ("first visible text, median (ms), 32-token answers, "
+                                   "no-stream -> stream")
+    assert "vLLM's own TTFT 90 ms (no-stream) vs 95 ms (stream)" in perceived["mechanism"]
+    assert (real["baseline"], real["treated"]) == (1200, 1190)
+    assert (delivery["baseline"], delivery["treated"]) == (10, 2)
+    assert {f["article_claim"] for f in found[:3]} == {st.CLAIM}
+    assert (app["baseline"], app["treated"]) == (101, 104)
+    assert "app overhead on TTFT p50 3.0 ms, p99 4.0 ms" in app["mechanism"]
+    assert (disconnect["baseline"], disconnect["treated"]) == (256, 9)
+    assert "within 61 ms of the hang-up" in disconnect["mechanism"]
+    assert "vllm:request_success +0" in disconnect["mechanism"]
+    table = Results("07_streaming", tmp_path).add_findings(found)
+    assert len(table) == 5
+    assert table.change_pct.iloc[0] == pytest.approx(-90.0)
+
+
+def test_reduction_note_names_the_length_the_cut_needs():
+    by = pd.DataFrame({"tokens": [1, 2, 3, 4], "perceived_change_pct": [-10, -85, -70, -90]})
+    assert st.reduction_note(by) == ("perceived -80% needs answers of >= 4 tokens "
+                                     "(median over streamed requests)")

@@ -283,3 +283,10 @@ def test_findings_carry_the_engine_counters():
     assert latency["treated"] == 0.0 and latency["baseline"] == pytest.approx(900.0)
     assert cost["treated"] == pytest.approx(5.0) and "80 -> 120" in cost["mechanism"]
     assert found[3]["baseline"] == pytest.approx(150.0) and found[3]["treated"] == pytest.approx(350.0)
+
+
+def test_plan_is_the_one_baseline_engine():
+    from lab_utils.profiles import load_profile
+    plan = px.plan(load_profile("cpu"), {})
+    assert plan.names == ["baseline"] and plan.problems() == []
+    assert not plan.baseline.flags and plan.baseline.role is None

@@ -2,7 +2,8 @@
 (the article's `httpx.AsyncClient(http2=True, limits=...)`) saves against a
 new client and connection per request.
 
-Arms (the client side is the only thing that changes):
+One engine (the plan's baseline arm: the profile's flags) serves every arm;
+the arms are clients of it, and the client side is the only thing that changes:
 - `new`: a new `httpx.AsyncClient` per request, so a new TCP connection (and
   TLS handshake) per request, closed after it;
 - `pooled`: one shared client with the article's limits (100 connections, 20
@@ -41,14 +42,24 @@ from typing import Any
 import pandas as pd
 
 from ..app import AppServer
+from ..arms import Arm, Plan
 from ..client import run_sync
 from ..metrics import percentile_stats
 from ..results import Results
 from ..workloads import chat, chat_questions
 
+
+def plan(profile, params) -> Plan:
+    """One engine, the profile's own flags: the arms below differ only in the
+    client (and the app over HTTPS is a client of the same engine)."""
+    return Plan("08_connection_reuse", (Arm(
+        "baseline", title="the profile's engine flags (reuse is the client's choice)"),))
+
+
 #: The article's pool settings (connection reuse section).
 ARTICLE_LIMITS = {"max_connections": 100, "max_keepalive_connections": 20,
                   "keepalive_expiry": 30.0}
+#: The client arms (not engine arms: all three talk to the plan's one engine).
 ARMS: dict[str, str] = {
     "new": "new client + connection per request",
     "pooled": "one shared keep-alive pool (HTTP/1.1)",
@@ -387,10 +398,10 @@ def sweep(targets: Sequence[Target], arms: Sequence[str] = tuple(ARMS),
                       max_tokens=max_tokens, results=results, progress=progress, seed=seed)
 
 
-def sweep_plan(plan: Sequence[tuple[Target, Sequence[int]]], arms: Sequence[str] = tuple(ARMS),
-               *, requests_per_level: int = 12, rounds: int = 12, max_tokens: int = 4,
-               results: Results | None = None, progress: bool = True,
-               seed: int = 0) -> pd.DataFrame:
+def sweep_plan(schedule: Sequence[tuple[Target, Sequence[int]]],
+               arms: Sequence[str] = tuple(ARMS), *, requests_per_level: int = 12,
+               rounds: int = 12, max_tokens: int = 4, results: Results | None = None,
+               progress: bool = True, seed: int = 0) -> pd.DataFrame:
     """Each (target, its concurrencies), the arms interleaved at each level
     (`run_interleaved`; up to `rounds` turns each, so at concurrency 1 the arms
     alternate request by request); at least 2 x concurrency requests per arm. Counts
@@ -398,7 +409,7 @@ def sweep_plan(plan: Sequence[tuple[Target, Sequence[int]]], arms: Sequence[str]
     from tqdm.auto import tqdm
     arms = list(arms)
     frames = []
-    levels = [(t, c) for t, concs in plan for c in concs]
+    levels = [(t, c) for t, concs in schedule for c in concs]
     for target, conc in tqdm(levels, desc="levels", disable=not progress, leave=False):
         t0 = time.perf_counter()
         rows, server = run_sync(run_interleaved(target, arms, requests_per_level, conc,
@@ -621,7 +632,7 @@ def plot_remote(frame: pd.DataFrame, title: str = "TTFT against the round-trip t
 
 def explore(ctx, app: AppServer, concurrency: int, rtt_ms: float, n: int = 8) -> pd.DataFrame:
     """Explore: the three arms against the TLS app at one concurrency and RTT."""
-    ctx.engine()  # the app's upstream (reused, or restarted with the same flags)
+    ctx.arm("baseline")  # the app's upstream (reused, or restarted with the same flags)
     target = app_target(app)
     if rtt_ms > 0:
         frame = remote_sweep(target, [rtt_ms], n=max(n, 2 * concurrency),
@@ -629,8 +640,6 @@ def explore(ctx, app: AppServer, concurrency: int, rtt_ms: float, n: int = 8) ->
         return remote_table(frame).round(1)
     frame = sweep([target], concurrencies=[concurrency], requests_per_level=n)
     return summary_table(frame).round(1)
-
-
 
 
 def tls_app(ctx, engine) -> AppServer:
@@ -659,11 +668,12 @@ def long_generations(target: Target, arms: Sequence[str] = ("new", "pooled"), *,
 CLAIM = "connection reuse: one global httpx.AsyncClient(http2=True, 100/20 limits, 30 s)"
 
 
-def record_findings(results: Results, frame: pd.DataFrame, remote: pd.DataFrame,
-                    targets: Sequence[Target], top: int):
-    """Median TTFT, new connection per request -> reused: on loopback to vLLM
-    (c=1), over HTTPS to the app at concurrency `top` (pooled and HTTP/2), and
-    over the longest emulated RTT; with the counted connections and set-up."""
+def findings(frame: pd.DataFrame, remote: pd.DataFrame, targets: Sequence[Target],
+             top: int) -> list[dict[str, Any]]:
+    """`Results.add_finding` arguments: median TTFT, new connection per request
+    -> reused, on loopback to vLLM (c=1, `targets[0]`), over HTTPS to the app
+    (`targets[1]`) at concurrency `top` (pooled and HTTP/2), and over the
+    longest emulated RTT (`remote`); with the counted connections and set-up."""
     table = summary_table(frame)
     med = frame[frame.ok].groupby(["target", "concurrency", "arm"]).ttft_ms.median()
 
@@ -675,27 +685,27 @@ def record_findings(results: Results, frame: pd.DataFrame, remote: pd.DataFrame,
 
     v, a = targets[0].name, targets[1].name
     tcp = table.loc[(v, "new", 1), "TCP per new conn (ms)"]
-    results.add_finding("connection reuse: loopback HTTP (vLLM)",
-                        "TTFT median (ms), c=1, new -> pooled", med[(v, 1, "new")],
-                        med[(v, 1, "pooled")], article_claim=CLAIM,
-                        mechanism=counted(v, 1) + f"; TCP connect {tcp:.2f} ms each")
     tls = table.loc[(a, "new", top), "TLS per new conn (ms)"]
-    for arm in ("pooled", "http2"):
-        results.add_finding(f"connection reuse: HTTPS app, c={top}",
-                            f"TTFT median (ms), new -> {arm}", med[(a, top, "new")],
-                            med[(a, top, arm)], article_claim=CLAIM,
-                            mechanism=counted(a, top) + f"; TLS handshake {tls:.1f} ms each")
+    out = [{"technique": "connection reuse: loopback HTTP (vLLM)",
+            "metric": "TTFT median (ms), c=1, new -> pooled",
+            "baseline": med[(v, 1, "new")], "treated": med[(v, 1, "pooled")],
+            "mechanism": counted(v, 1) + f"; TCP connect {tcp:.2f} ms each"}]
+    out += [{"technique": f"connection reuse: HTTPS app, c={top}",
+             "metric": f"TTFT median (ms), new -> {arm}",
+             "baseline": med[(a, top, "new")], "treated": med[(a, top, arm)],
+             "mechanism": counted(a, top) + f"; TLS handshake {tls:.1f} ms each"}
+            for arm in ("pooled", "http2")]
     rt = max(remote.rtt_ms)
     at = remote[remote.ok & (remote.rtt_ms == rt)]
     rmed = at.groupby("arm").ttft_ms.median()
-    results.add_finding(f"connection reuse: emulated RTT {rt:g} ms (HTTPS)",
-                        "TTFT median (ms), new -> pooled", rmed["new"], rmed["pooled"],
-                        article_claim=CLAIM,
-                        mechanism="a new connection pays the TCP and TLS round trips: set-up "
-                                  f"{at[at.arm == 'new'].setup_ms.median():.0f} ms per request; "
-                                  f"the pool opened {int(at[at.arm == 'pooled'].new_connection.sum())}"
-                                  " connection(s) in all")
-    return results.findings_frame()
+    out.append({"technique": f"connection reuse: emulated RTT {rt:g} ms (HTTPS)",
+                "metric": "TTFT median (ms), new -> pooled",
+                "baseline": rmed["new"], "treated": rmed["pooled"],
+                "mechanism": "a new connection pays the TCP and TLS round trips: set-up "
+                             f"{at[at.arm == 'new'].setup_ms.median():.0f} ms per request; "
+                             f"the pool opened {int(at[at.arm == 'pooled'].new_connection.sum())}"
+                             " connection(s) in all"})
+    return [{**f, "article_claim": CLAIM} for f in out]
 
 
 __all__ = [
@@ -712,14 +722,15 @@ __all__ = [
     "connection_setup",
     "engine_target",
     "explore",
+    "findings",
     "http_versions",
     "long_generation_share",
     "long_generations",
     "make_client",
+    "plan",
     "plan_rounds",
     "plot_remote",
     "plot_ttft",
-    "record_findings",
     "remote_sweep",
     "remote_table",
     "savings",

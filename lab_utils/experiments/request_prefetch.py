@@ -8,7 +8,8 @@ An arm replays typing sessions from `datasets/typing_sessions.jsonl`
 times) and, concurrently, background users (seeded Poisson chat requests
 through `Client.run_async`). Only the prefetcher changes between the arms
 (`enabled=True/False`); the sessions, their timing, the background requests
-and the engine are the same.
+and the engine (the plan's one baseline arm: prefetching is client-side) are
+the same.
 
 Measured per arm:
 - per session: hit (answer complete in the cache at Enter), in-flight hit
@@ -34,6 +35,7 @@ from typing import Any
 import pandas as pd
 
 from ..admission import client_session
+from ..arms import Arm, Plan
 from ..client import Client, Load, RequestRecord, Run, run_sync
 from ..counters import delta, scrape
 from ..metrics import SLO, percentile_stats, summarize
@@ -50,6 +52,13 @@ from ..results import Results
 from ..workloads import WARM_UP_RAMP, chat_specs, warm_up
 
 WITH, WITHOUT = "with prefetch", "without prefetch"
+
+
+def plan(profile, params) -> Plan:
+    """One engine, the profile's own flags: the prefetcher is a client, so
+    the with and without arms send to the same server."""
+    return Plan("10_request_prefetch", (Arm(
+        "baseline", title="the profile's engine flags (prefetching is client-side)"),))
 
 
 @dataclass
@@ -444,6 +453,7 @@ __all__ = [
     "merge",
     "outcome_summary",
     "outcome_table",
+    "plan",
     "plot_query_log",
     "plot_user_latency",
     "prefetch_replay_counts",

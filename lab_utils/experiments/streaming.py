@@ -2,13 +2,15 @@
 waits (perceived latency) and what it does not change (real latency), sent
 straight to vLLM and through the project's streaming app (`lab_utils.app`).
 
-Four arms, one knob each way: non-streaming vs streaming (`"stream"` in the
-request), direct to vLLM vs through the app. The same prompts go to every arm,
-one request at a time, in a rotating order so a busy machine slows every arm
-alike. `lab_utils.client.Client` only streams, so the timing here is its own
-(one aiohttp session per target, kept alive): for a non-streamed request the
-first visible content arrives with the whole body, so TTFT = E2E = time to the
-full body, as `vllm bench serve` counts non-streaming backends.
+One engine (the plan's baseline arm: the profile's flags; streaming needs no
+engine flag) and four client arms, one knob each way: non-streaming vs
+streaming (`"stream"` in the request), direct to vLLM vs through the app. The
+same prompts go to every arm, one request at a time, in a rotating order so a
+busy machine slows every arm alike. `lab_utils.client.Client` only streams,
+so the timing here is its own (one aiohttp session per target, kept alive):
+for a non-streamed request the first visible content arrives with the whole
+body, so TTFT = E2E = time to the full body, as `vllm bench serve` counts
+non-streaming backends.
 
 Per request it measures, from the client's send:
 - `ttft_ms`: first chunk with `choices` (vllm bench serve's TTFT);
@@ -38,13 +40,23 @@ import numpy as np
 import pandas as pd
 
 from ..app import AppServer, pop_sse_blocks, sse_data, start_app, timing_from_comment
+from ..arms import Arm, Plan
 from ..client import RequestRecord, Run, run_sync
 from ..counters import parse_metrics
 from ..metrics import percentile_stats
 from ..results import Results
 from ..workloads import chat, chat_questions
 
-#: (target, stream) of the four arms, and their labels.
+
+def plan(profile, params) -> Plan:
+    """One engine, the profile's own flags: streaming is a property of each
+    request (`"stream": true`), and the app is the engine's client, so the
+    four arms below are client-side and share this engine."""
+    return Plan("07_streaming", (Arm(
+        "baseline", title="the profile's engine flags (streaming is chosen per request)"),))
+
+
+#: (target, stream) of the four client arms, and their labels.
 ARMS: list[tuple[str, bool]] = [("direct", False), ("direct", True), ("app", False),
                                 ("app", True)]
 #: Typical adult silent reading pace (words per minute); the default reader.
@@ -282,10 +294,14 @@ async def timed_request(session, url: str, body: dict, *, arm: str = "", index: 
     return t
 
 
-async def _scrape(session, base_url: str, api_key: str | None = None):
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+def _auth(engine) -> dict[str, str] | None:
+    """The engine's bearer header (a remote server may want its API key)."""
+    return {"Authorization": f"Bearer {engine.api_key}"} if engine.api_key else None
+
+
+async def _scrape(session, engine):
     try:
-        async with session.get(base_url + "/metrics", headers=headers) as resp:
+        async with session.get(engine.base_url + "/metrics", headers=_auth(engine)) as resp:
             return parse_metrics(await resp.text()) if resp.status == 200 else None
     except Exception:
         return None
@@ -360,7 +376,7 @@ def compare_arms(engine, app: AppServer | None, n_prompts: int = 4, max_tokens: 
     from tqdm.auto import tqdm
     arms = [a for a in arms if a[0] == "direct" or app is not None]
     urls = {"direct": engine.base_url, "app": app.base_url if app else ""}
-    auth = {"Authorization": f"Bearer {engine.api_key}"} if engine.api_key else None
+    auth = _auth(engine)
     batches = prompts(n_prompts, seed)
 
     async def go():
@@ -372,11 +388,11 @@ def compare_arms(engine, app: AppServer | None, n_prompts: int = 4, max_tokens: 
                 for j in range(len(arms)):
                     target, stream = arms[(i + j) % len(arms)]
                     body = request_body(engine.model, messages, max_tokens, stream)
-                    before = await _scrape(session, engine.base_url, engine.api_key)
+                    before = await _scrape(session, engine)
                     t = await timed_request(session, urls[target] + "/v1/chat/completions", body,
                                             arm=arm_label(target, stream), index=i,
                                             headers=auth if target == "direct" else None)
-                    after = await _scrape(session, engine.base_url, engine.api_key)
+                    after = await _scrape(session, engine)
                     timed.append((t, _server_view(before, after)))
                     bar.update(1)
         bar.close()
@@ -452,7 +468,7 @@ def app_overhead(engine, app: AppServer, n: int = 24, max_tokens: int = 2, *, se
     (E2E) the app itself measured on its upstream request."""
     from tqdm.auto import tqdm
     batches = prompts(n, seed)
-    auth = {"Authorization": f"Bearer {engine.api_key}"} if engine.api_key else None
+    auth = _auth(engine)
 
     async def go():
         out = []
@@ -470,11 +486,10 @@ def app_overhead(engine, app: AppServer, n: int = 24, max_tokens: int = 2, *, se
 
     rows = []
     for t in run_sync(go()):
-        up = t.app_timing.get("upstream_ttft_s")
-        row = {"target": t.arm.split("/")[0], "index": t.index, "ok": t.ok,
-               "upstream_ttft_ms": up * 1e3 if up else math.nan,
-               "ttft_ms": (t.ttft_s or math.nan) * 1e3, "e2e_ms": (t.e2e_s or math.nan) * 1e3}
         up_ttft, up_e2e = t.app_timing.get("upstream_ttft_s"), t.app_timing.get("upstream_e2e_s")
+        row = {"target": t.arm.split("/")[0], "index": t.index, "ok": t.ok,
+               "upstream_ttft_ms": up_ttft * 1e3 if up_ttft else math.nan,
+               "ttft_ms": (t.ttft_s or math.nan) * 1e3, "e2e_ms": (t.e2e_s or math.nan) * 1e3}
         row["overhead_ttft_ms"] = (t.ttft_s - up_ttft) * 1e3 if t.ok and up_ttft else math.nan
         row["overhead_e2e_ms"] = (t.e2e_s - up_e2e) * 1e3 if t.ok and up_e2e else math.nan
         row["app_before_upstream_ms"] = t.app_timing.get("app_to_upstream_s", math.nan) * 1e3
@@ -523,7 +538,7 @@ def disconnect_aborts(engine, app: AppServer, *, max_tokens: int = 512, read_tok
     import aiohttp
 
     metrics_url = engine.base_url + "/metrics"
-    auth = {"Authorization": f"Bearer {engine.api_key}"} if engine.api_key else None
+    auth = _auth(engine)
     stats_before = app.stats()
 
     async def go():
@@ -715,8 +730,9 @@ def plot_reading(result: ArmsResult, index: int = 0, target: str = "direct",
 
 
 def explore(ctx, max_tokens: int, reading_wpm: float, n_prompts: int = 2) -> pd.DataFrame:
-    """Explore: the four arms again at another answer length and reader pace."""
-    engine = ctx.engine()
+    """Explore: the four arms again at another answer length and reader pace,
+    on the notebook's engine."""
+    engine = ctx.arm("baseline")
     app = app_for(ctx, engine)
     result = compare_arms(engine, app, n_prompts, max_tokens, reading_wpm=reading_wpm,
                           seed=random.randrange(1000))
@@ -733,8 +749,6 @@ def app_for(ctx, engine, **kw: Any) -> AppServer:
     if app is None or not app.alive:
         app = _APPS[key] = start_app(ctx, engine, **kw)
     return app
-
-
 
 
 def plot_disconnect(timeline: pd.DataFrame, summary: dict[str, Any],
@@ -802,49 +816,58 @@ def plot_token_arrivals(result: ArmsResult,
 CLAIM = "streaming: perceived latency -80%, real latency unchanged (low effort)"
 
 
-def record_findings(results: Results, claim: dict[str, float], by_length: pd.DataFrame,
-                    overhead_table: pd.DataFrame, cut: dict[str, Any], max_tokens: int):
-    """The notebook's findings (both halves of the claim, the answer length the
-    -80% needs, the app's overhead and disconnect handling); returns the table."""
-    c = claim
+def reduction_note(by_length: pd.DataFrame) -> str:
+    """The answer length the article's -80% needs, as a note for the results."""
+    need = tokens_for_reduction(by_length, -80.0)
+    return f"perceived -80% needs answers of >= {need} tokens (median over streamed requests)"
+
+
+def findings(claim: dict[str, float], overhead_table: pd.DataFrame, cut: dict[str, Any],
+             max_tokens: int) -> list[dict[str, Any]]:
+    """`Results.add_finding` arguments: both halves of the claim (`claim_check`
+    direct to vLLM), the app's overhead (`overhead_summary`) and what a
+    hang-up leaves generated (`disconnect_aborts`)."""
+    c, o = claim, overhead_table
     server = (f"vLLM's own TTFT {c['server_ttft_off_ms']:.0f} ms (no-stream) vs "
               f"{c['server_ttft_on_ms']:.0f} ms (stream), E2E {c['server_e2e_off_ms']:.0f} vs "
               f"{c['server_e2e_on_ms']:.0f} ms (vllm:time_to_first_token_seconds, "
               "vllm:e2e_request_latency_seconds deltas per request); client E2E - vLLM's E2E "
               f"{c['delivery_off_ms']:.1f} vs {c['delivery_on_ms']:.1f} ms")
-    results.add_finding("streaming: perceived latency", f"first visible text, median (ms), "
-                        f"{max_tokens}-token answers, no-stream -> stream", c["perceived_off_ms"],
-                        c["perceived_on_ms"], article_claim=CLAIM, mechanism=server,
-                        checklist="streaming:ttft")
-    results.add_finding("streaming: real latency", "whole answer (E2E), median (ms), "
-                        "no-stream -> stream", c["real_off_ms"], c["real_on_ms"],
-                        article_claim=CLAIM, mechanism=server)
-    results.add_finding("streaming: real latency", "client E2E - vLLM's own E2E, median (ms), "
-                        "no-stream -> stream", c["delivery_off_ms"], c["delivery_on_ms"],
-                        article_claim=CLAIM, mechanism="per request, so the engine's speed "
-                        "drifting with the machine's load cancels out")
-    need = tokens_for_reduction(by_length, -80.0)
-    results.note(f"perceived -80% needs answers of >= {need} tokens (median over streamed "
-                 "requests)")
-    o = overhead_table
-    results.add_finding("streaming app: overhead", "TTFT median (ms), vLLM's as the app saw it "
-                        "-> the client's through the app (same requests)",
-                        o.loc["vLLM's TTFT as the app saw it", "median"],
-                        o.loc["TTFT through the app", "median"],
-                        article_claim="(none: the article's endpoint is a proxy too)",
-                        mechanism=f"app overhead on TTFT p50 {o.iloc[0]['median']:.1f} ms, "
-                                  f"p99 {o.iloc[0]['p99']:.1f} ms (client TTFT - app's "
-                                  "upstream TTFT)")
     zero = cut["running_zero_after_ms"]
-    results.add_finding("streaming app: disconnect", "tokens generated after a hang-up (of "
-                        f"{cut['max_tokens']} asked)", cut["max_tokens"], cut["generated_tokens"],
-                        article_claim="(none: the article's snippet has no disconnect handling)",
-                        mechanism=f"vllm:num_requests_running 1 -> 0 within "
-                                  f"{zero if zero is None else round(zero)} ms of the hang-up; "
-                                  f"vllm:generation_tokens +{cut['generated_tokens']:.0f}; "
-                                  f"vllm:request_success +{cut['vllm_requests_finished']:.0f} "
-                                  "(an aborted request never finishes)")
-    return results.findings_frame()
+    return [
+        {"technique": "streaming: perceived latency",
+         "metric": f"first visible text, median (ms), {max_tokens}-token answers, "
+                   "no-stream -> stream",
+         "baseline": c["perceived_off_ms"], "treated": c["perceived_on_ms"],
+         "article_claim": CLAIM, "mechanism": server, "checklist": "streaming:ttft"},
+        {"technique": "streaming: real latency",
+         "metric": "whole answer (E2E), median (ms), no-stream -> stream",
+         "baseline": c["real_off_ms"], "treated": c["real_on_ms"],
+         "article_claim": CLAIM, "mechanism": server},
+        {"technique": "streaming: real latency",
+         "metric": "client E2E - vLLM's own E2E, median (ms), no-stream -> stream",
+         "baseline": c["delivery_off_ms"], "treated": c["delivery_on_ms"],
+         "article_claim": CLAIM,
+         "mechanism": "per request, so the engine's speed drifting with the machine's load "
+                      "cancels out"},
+        {"technique": "streaming app: overhead",
+         "metric": "TTFT median (ms), vLLM's as the app saw it -> the client's through the "
+                   "app (same requests)",
+         "baseline": o.loc["vLLM's TTFT as the app saw it", "median"],
+         "treated": o.loc["TTFT through the app", "median"],
+         "article_claim": "(none: the article's endpoint is a proxy too)",
+         "mechanism": f"app overhead on TTFT p50 {o.iloc[0]['median']:.1f} ms, "
+                      f"p99 {o.iloc[0]['p99']:.1f} ms (client TTFT - app's upstream TTFT)"},
+        {"technique": "streaming app: disconnect",
+         "metric": f"tokens generated after a hang-up (of {cut['max_tokens']} asked)",
+         "baseline": cut["max_tokens"], "treated": cut["generated_tokens"],
+         "article_claim": "(none: the article's snippet has no disconnect handling)",
+         "mechanism": f"vllm:num_requests_running 1 -> 0 within "
+                      f"{zero if zero is None else round(zero)} ms of the hang-up; "
+                      f"vllm:generation_tokens +{cut['generated_tokens']:.0f}; "
+                      f"vllm:request_success +{cut['vllm_requests_finished']:.0f} "
+                      "(an aborted request never finishes)"},
+    ]
 
 
 __all__ = [
@@ -865,6 +888,7 @@ __all__ = [
     "error_cases",
     "explore",
     "fetch_raw",
+    "findings",
     "first_content_time",
     "first_sentence_time",
     "framing_demo",
@@ -874,12 +898,13 @@ __all__ = [
     "plot_disconnect",
     "plot_perceived_by_length",
     "plot_reading",
+    "plan",
     "plot_token_arrivals",
     "prompts",
     "reader_times",
     "reading_schedule",
-    "record_findings",
     "reduction_by_length",
+    "reduction_note",
     "request_body",
     "tokens_for_reduction",
     "word_arrival_times",
