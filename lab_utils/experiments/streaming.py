@@ -318,6 +318,17 @@ def _server_view(before, after) -> dict[str, float | None]:
     return out
 
 
+async def _chat(session, engine, app: AppServer | None, target: str, messages: list[dict],
+                max_tokens: int, stream: bool, index: int) -> Timed:
+    """One timed chat request of arm (`target`, `stream`): straight to vLLM
+    (with the engine's key) or through the app (which holds the key itself)."""
+    direct = target == "direct"
+    url = (engine.base_url if direct else app.base_url) + "/v1/chat/completions"
+    body = request_body(engine.model, messages, max_tokens, stream)
+    return await timed_request(session, url, body, arm=arm_label(target, stream), index=index,
+                               headers=_auth(engine) if direct else None)
+
+
 def _session(limit: int = 8):
     import aiohttp
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=30),
@@ -375,8 +386,6 @@ def compare_arms(engine, app: AppServer | None, n_prompts: int = 4, max_tokens: 
     with vLLM's /metrics scraped around each request."""
     from tqdm.auto import tqdm
     arms = [a for a in arms if a[0] == "direct" or app is not None]
-    urls = {"direct": engine.base_url, "app": app.base_url if app else ""}
-    auth = _auth(engine)
     batches = prompts(n_prompts, seed)
 
     async def go():
@@ -387,11 +396,8 @@ def compare_arms(engine, app: AppServer | None, n_prompts: int = 4, max_tokens: 
             for i, messages in enumerate(batches):
                 for j in range(len(arms)):
                     target, stream = arms[(i + j) % len(arms)]
-                    body = request_body(engine.model, messages, max_tokens, stream)
                     before = await _scrape(session, engine)
-                    t = await timed_request(session, urls[target] + "/v1/chat/completions", body,
-                                            arm=arm_label(target, stream), index=i,
-                                            headers=auth if target == "direct" else None)
+                    t = await _chat(session, engine, app, target, messages, max_tokens, stream, i)
                     after = await _scrape(session, engine)
                     timed.append((t, _server_view(before, after)))
                     bar.update(1)
@@ -468,7 +474,6 @@ def app_overhead(engine, app: AppServer, n: int = 24, max_tokens: int = 2, *, se
     (E2E) the app itself measured on its upstream request."""
     from tqdm.auto import tqdm
     batches = prompts(n, seed)
-    auth = _auth(engine)
 
     async def go():
         out = []
@@ -476,12 +481,8 @@ def app_overhead(engine, app: AppServer, n: int = 24, max_tokens: int = 2, *, se
             for i, messages in enumerate(tqdm(batches, desc="app overhead", disable=not progress,
                                               leave=False)):
                 for target in (("direct", "app") if i % 2 == 0 else ("app", "direct")):
-                    url = (engine.base_url if target == "direct" else app.base_url)
-                    out.append(await timed_request(
-                        session, url + "/v1/chat/completions",
-                        request_body(engine.model, messages, max_tokens, True),
-                        arm=arm_label(target, True), index=i,
-                        headers=auth if target == "direct" else None))
+                    out.append(await _chat(session, engine, app, target, messages, max_tokens,
+                                           True, i))
         return out
 
     rows = []
@@ -681,32 +682,38 @@ def error_cases(app: AppServer, dead_app: AppServer | None = None) -> pd.DataFra
 # Figures
 # --------------------------------------------------------------------------
 
-def plot_perceived_by_length(by_length: pd.DataFrame, claim_pct: float = -80.0,
-                             title: str = "Perceived-latency change of streaming, by answer length"):
+def _figure():
+    """One figure and axes, 7.5 x 4 in, in the lab's theme (set on import)."""
     import matplotlib.pyplot as plt
-    import seaborn as sns
 
     from .. import plots as _lab_style  # noqa: F401 (the lab's figure theme)
-    fig, ax = plt.subplots(figsize=(7.5, 4))
+    return plt.subplots(figsize=(7.5, 4))
+
+
+def _titled(fig, title: str):
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_perceived_by_length(by_length: pd.DataFrame, claim_pct: float = -80.0,
+                             title: str = "Perceived-latency change of streaming, by answer length"):
+    import seaborn as sns
+    fig, ax = _figure()
     sns.lineplot(data=by_length, x="tokens", y="perceived_change_pct", hue="arm",
                  errorbar=("pi", 80), ax=ax)
     ax.axhline(claim_pct, color="crimson", ls="--", label=f"article: {claim_pct:.0f}%")
     ax.set_xlabel("answer length (output tokens)")
     ax.set_ylabel("first visible content vs whole answer (%)")
     ax.legend(title="arm (median, 80% band)")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return _titled(fig, title)
 
 
 def plot_reading(result: ArmsResult, index: int = 0, target: str = "direct",
                  wpm: float = READING_WPM, title: str = "Does the stream stay ahead of a reader?"):
     """Words available over time for prompt `index`, streamed and not, and a
     reader at `wpm` words/min who starts at the first word of each."""
-    import matplotlib.pyplot as plt
-
-    from .. import plots as _lab_style  # noqa: F401 (the lab's figure theme)
-    fig, ax = plt.subplots(figsize=(7.5, 4))
+    fig, ax = _figure()
     for stream, color in ((True, "tab:blue"), (False, "tab:orange")):
         label = arm_label(target, stream)
         found = [t for t in result.timed if t.arm == label and t.index == index and t.ok]
@@ -724,10 +731,56 @@ def plot_reading(result: ArmsResult, index: int = 0, target: str = "direct",
     ax.set_xlabel("time since request sent (s)")
     ax.set_ylabel("words")
     ax.legend(fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return _titled(fig, title)
 
+
+def plot_disconnect(timeline: pd.DataFrame, summary: dict[str, Any],
+                    title: str = "Hanging up aborts the generation"):
+    """vLLM's running requests and generated tokens around the hang-up."""
+    fig, ax = _figure()
+    ax.step(timeline.t_s, timeline.running, where="post", color="tab:blue",
+            label="vllm:num_requests_running")
+    ax.set_xlabel("time since the request was sent (s)")
+    ax.set_ylabel("requests running")
+    ax.set_ylim(-0.1, max(1.5, timeline.running.max() + 0.5))
+    right = ax.twinx()
+    right.plot(timeline.t_s, timeline.generated, color="tab:orange",
+               label="vllm:generation_tokens (since start)")
+    right.set_ylabel("tokens generated")
+    right.grid(False)
+    ax.axvline(summary["hang_up_s"], color="crimson", ls="--", label="client hangs up")
+    handles = ax.get_legend_handles_labels()
+    more = right.get_legend_handles_labels()
+    ax.legend(handles[0] + more[0], handles[1] + more[1], loc="center right", fontsize="small")
+    return _titled(fig, title)
+
+
+def plot_token_arrivals(result: ArmsResult,
+                        title: str = "Output tokens visible to the client"):
+    """Tokens the client holds against time since send, one line per request:
+    a streamed answer climbs from its first chunk; a non-streamed one jumps
+    from 0 to all of it when the body arrives."""
+    import seaborn as sns
+    fig, ax = _figure()
+    arms = list(dict.fromkeys(t.arm for t in result.timed))
+    palette = dict(zip(arms, sns.color_palette("tab10", len(arms))))
+    seen = set()
+    for t in result.timed:
+        if not t.ok:
+            continue
+        xs, ys = [0.0, *t.times], [0, *t.token_counts]
+        ax.step(xs, ys, where="post", color=palette[t.arm], alpha=0.7,
+                ls="-" if t.stream else "--", label=None if t.arm in seen else t.arm)
+        seen.add(t.arm)
+    ax.set_xlabel("time since request sent (s)")
+    ax.set_ylabel("output tokens received")
+    ax.legend(title="arm (one line per request)", fontsize="small")
+    return _titled(fig, title)
+
+
+# --------------------------------------------------------------------------
+# The notebook's app, and Explore
+# --------------------------------------------------------------------------
 
 def explore(ctx, max_tokens: int, reading_wpm: float, n_prompts: int = 2) -> pd.DataFrame:
     """Explore: the four arms again at another answer length and reader pace,
@@ -751,32 +804,6 @@ def app_for(ctx, engine, **kw: Any) -> AppServer:
     return app
 
 
-def plot_disconnect(timeline: pd.DataFrame, summary: dict[str, Any],
-                    title: str = "Hanging up aborts the generation"):
-    """vLLM's running requests and generated tokens around the hang-up."""
-    import matplotlib.pyplot as plt
-
-    from .. import plots as _lab_style  # noqa: F401 (the lab's figure theme)
-    fig, ax = plt.subplots(figsize=(7.5, 4))
-    ax.step(timeline.t_s, timeline.running, where="post", color="tab:blue",
-            label="vllm:num_requests_running")
-    ax.set_xlabel("time since the request was sent (s)")
-    ax.set_ylabel("requests running")
-    ax.set_ylim(-0.1, max(1.5, timeline.running.max() + 0.5))
-    right = ax.twinx()
-    right.plot(timeline.t_s, timeline.generated, color="tab:orange",
-               label="vllm:generation_tokens (since start)")
-    right.set_ylabel("tokens generated")
-    right.grid(False)
-    ax.axvline(summary["hang_up_s"], color="crimson", ls="--", label="client hangs up")
-    handles = ax.get_legend_handles_labels()
-    more = right.get_legend_handles_labels()
-    ax.legend(handles[0] + more[0], handles[1] + more[1], loc="center right", fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
 def dead_upstream_app(ctx) -> AppServer:
     """An app whose vLLM is not running (a free port nobody listens on)."""
     from ..server import free_port
@@ -785,33 +812,9 @@ def dead_upstream_app(ctx) -> AppServer:
     return app.start()
 
 
-def plot_token_arrivals(result: ArmsResult,
-                        title: str = "Output tokens visible to the client"):
-    """Tokens the client holds against time since send, one line per request:
-    a streamed answer climbs from its first chunk; a non-streamed one jumps
-    from 0 to all of it when the body arrives."""
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
-    from .. import plots as _lab_style  # noqa: F401 (the lab's figure theme)
-    arms = list(dict.fromkeys(t.arm for t in result.timed))
-    palette = dict(zip(arms, sns.color_palette("tab10", len(arms))))
-    fig, ax = plt.subplots(figsize=(7.5, 4))
-    seen = set()
-    for t in result.timed:
-        if not t.ok:
-            continue
-        xs, ys = [0.0, *t.times], [0, *t.token_counts]
-        ax.step(xs, ys, where="post", color=palette[t.arm], alpha=0.7,
-                ls="-" if t.stream else "--", label=None if t.arm in seen else t.arm)
-        seen.add(t.arm)
-    ax.set_xlabel("time since request sent (s)")
-    ax.set_ylabel("output tokens received")
-    ax.legend(title="arm (one line per request)", fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
+# --------------------------------------------------------------------------
+# Findings
+# --------------------------------------------------------------------------
 
 CLAIM = "streaming: perceived latency -80%, real latency unchanged (low effort)"
 
