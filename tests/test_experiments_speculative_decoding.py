@@ -53,44 +53,76 @@ def test_arms_differ_from_the_baseline_in_one_flag():
         assert list(arm.flags) == ["speculative_config"]
     assert sd.ngram_arm(3).name == "ngram k=3"
     assert sd.draft_arm("/d", 2, "6L").name == "draft 6L k=2"
-    with pytest.raises(ValueError, match="unknown method"):
-        _ = sd.Arm("x", "medusa", 2).flags
+    assert (sd.ngram_arm(3).method, sd.ngram_arm(3).k) == ("ngram", 3)
+    assert sd.draft_arm("/d", 2, "6L").draft_path == "/d"
 
 
-def test_plan_arms_on_cpu_builds_the_truncated_draft(cpu, monkeypatch, tmp_path):
+def nothing_is_built(monkeypatch):
+    """Make building the embedded model or a layer cut fail the test."""
+    from lab_utils import model
+
+    def refuse(*a, **k):
+        raise AssertionError("the plan built a model")
+    monkeypatch.setattr(derived_models, "truncated_model", refuse)
+    monkeypatch.setattr(model, "ensure_embedded_model", refuse)
+
+
+def test_plan_on_cpu_names_the_truncated_draft_without_building_it(cpu, monkeypatch, tmp_path):
+    nothing_is_built(monkeypatch)
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
+    params = {"ngram_ks": [2, 4], "draft_models": ["truncated"], "draft_ks": [1, 2],
+              "draft_layers": 5}
+    p = sd.plan(cpu, params)
+    assert p.names == ["baseline", "ngram k=2", "ngram k=4", "draft 5L k=1", "draft 5L k=2"]
+    assert p.problems() == []
+    folder = str(derived_models.truncated_model_dir(5))
+    assert p.arm("draft 5L k=2").flags == {"speculative_config": {
+        "model": folder, "num_speculative_tokens": 2}}
+    for a in p.arms[1:]:  # every treated arm adds one flag to the baseline
+        assert a.knob == "speculative_config" and p.reference_of(a).name == "baseline"
+    assert sd.plan(cpu, {**params, "draft_models": []}).names == ["baseline", "ngram k=2",
+                                                                  "ngram k=4"]
+    assert sd.plan(cpu, {"ngram_ks": [], "draft_models": ["none"], "draft_ks": [2]}
+                   ).names == ["baseline"]
+
+
+def test_ensure_draft_builds_only_what_the_lab_derives(monkeypatch, tmp_path):
+    from lab_utils import model
     built = []
-    monkeypatch.setattr(derived_models, "truncated_model",
-                        lambda n: built.append(n) or tmp_path / f"m-{n}L")
-    arms = sd.plan_arms(cpu, [2, 4], ["truncated"], [1, 2], draft_layers=5)
-    assert [a.name for a in arms] == ["baseline", "ngram k=2", "ngram k=4", "draft 5L k=1",
-                                      "draft 5L k=2"]
-    assert built == [5]
-    assert arms[-1].flags == {"speculative_config": {"model": str(tmp_path / "m-5L"),
-                                                     "num_speculative_tokens": 2}}
-    assert [a.name for a in sd.plan_arms(cpu, [4], [], [2])] == ["baseline", "ngram k=4"]
-    assert [a.name for a in sd.plan_arms(cpu, [], ["none"], [2])] == ["baseline"]
+    monkeypatch.setattr(derived_models, "truncated_model", lambda n: built.append(n))
+    monkeypatch.setattr(model, "ensure_embedded_model", lambda: built.append("embedded"))
+    sd.ensure_draft(sd.draft_arm(str(derived_models.truncated_model_dir(5)), 2, "5L"))
+    sd.ensure_draft(sd.draft_arm(str(model.embedded_model_dir()), 2, "self"))
+    sd.ensure_draft(sd.draft_arm(str(tmp_path / "other-3L"), 2, "other-3L"))
+    sd.ensure_draft(sd.draft_arm("Qwen/Qwen2.5-0.5B-Instruct", 2, "q"))
+    sd.ensure_draft(sd.ngram_arm(4))
+    assert built == [5, "embedded"]
 
 
-def test_resolve_draft(cpu, gpu, monkeypatch, tmp_path):
-    monkeypatch.setattr(derived_models, "truncated_model", lambda n: tmp_path / f"x-{n}L")
-    assert sd.resolve_draft(gpu, "auto") == ("Qwen/Qwen2.5-0.5B-Instruct",
-                                             "Qwen2.5-0.5B-Instruct")
-    assert sd.resolve_draft(gpu, "profile")[0] == "Qwen/Qwen2.5-0.5B-Instruct"
-    assert sd.resolve_draft(gpu, "self") == ("Qwen/Qwen2.5-7B-Instruct", "self")
+def test_draft_source(cpu, gpu, monkeypatch):
+    nothing_is_built(monkeypatch)
+    assert sd.draft_source(gpu, "auto") == ("Qwen/Qwen2.5-0.5B-Instruct",
+                                            "Qwen2.5-0.5B-Instruct")
+    assert sd.draft_source(gpu, "profile")[0] == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert sd.draft_source(gpu, "self") == ("Qwen/Qwen2.5-7B-Instruct", "self")
     if not cpu.models.get("draft"):  # until the profile names a draft role
-        assert sd.resolve_draft(cpu, "auto", 3) == (str(tmp_path / "x-3L"), "3L")
-    assert sd.resolve_draft(cpu, "truncated", 4) == (str(tmp_path / "x-4L"), "4L")
-    assert sd.resolve_draft(cpu, "/some/where/mydraft") == ("/some/where/mydraft", "mydraft")
+        assert sd.draft_source(cpu, "auto", 3) == (str(derived_models.truncated_model_dir(3)),
+                                                   "3L")
+    assert sd.draft_source(cpu, "truncated", 4) == (str(derived_models.truncated_model_dir(4)),
+                                                    "4L")
+    from lab_utils.model import embedded_model_dir
+    assert sd.draft_source(cpu, "self") == (str(embedded_model_dir()), "self")
+    assert sd.draft_source(cpu, "/some/where/mydraft") == ("/some/where/mydraft", "mydraft")
     with pytest.raises(ConfigError, match="cuts the embedded model"):
-        sd.resolve_draft(gpu, "truncated")
+        sd.draft_source(gpu, "truncated")
 
 
-def test_resolve_draft_on_remote_needs_a_named_model():
+def test_draft_source_on_remote_needs_a_named_model():
     remote = load_profile("remote", base_url="http://127.0.0.1:1")
     with pytest.raises(ConfigError):
-        sd.resolve_draft(remote, "self")
+        sd.draft_source(remote, "self")
     with pytest.raises(ConfigError, match="names no draft"):
-        sd.resolve_draft(remote, "auto")
+        sd.draft_source(remote, "auto")
 
 
 def test_arm_flags_are_known_to_the_installed_vllm(cpu):
@@ -101,10 +133,7 @@ def test_arm_flags_are_known_to_the_installed_vllm(cpu):
     assert json.loads(argv[i + 1]) == sd.ngram_config(4)
 
 
-def test_arms_frame_and_explore_methods(cpu, gpu):
-    frame = sd.arms_frame([sd.baseline_arm(), sd.ngram_arm(4)])
-    assert frame.loc["baseline", "speculative_config"] == "(none)"
-    assert json.loads(frame.loc["ngram k=4", "speculative_config"])["method"] == "ngram"
+def test_explore_methods(cpu, gpu):
     assert "draft: truncated" in sd.explore_methods(cpu)
     assert "draft: profile" in sd.explore_methods(gpu)
     assert "draft: truncated" not in sd.explore_methods(gpu)
@@ -314,16 +343,28 @@ def test_compare_without_baseline_and_combine_nothing():
     assert sd.output_identity(empty["requests"]).empty
 
 
-def test_run_arms_skips_what_the_target_cannot_serve(monkeypatch):
-    from lab_utils.server import ArmUnavailable
-    notes = []
+def test_run_arms_asks_ctx_arm_for_each_planned_arm_after_building_its_draft(cpu, monkeypatch):
+    events = []
+    monkeypatch.setattr(derived_models, "truncated_model", lambda n: events.append(f"build {n}L"))
+    p = sd.plan(cpu, {"ngram_ks": [4], "draft_models": ["truncated"], "draft_ks": [2],
+                      "draft_layers": 3})
+    # ctx.arm returns None for an arm the target cannot serve (it notes why itself)
+    ctx = SimpleNamespace(plan=p, arm=lambda a: events.append(a.name))
+    out = sd.run_arms(ctx)
+    assert events == ["baseline", "ngram k=4", "build 3L", "draft 3L k=2"]
+    assert out["runs"].empty and out["records"] == []
+    sd.run_arms(ctx, ["ngram k=4"])
+    assert events[-1] == "ngram k=4"
 
-    def engine(**flags):
-        raise ArmUnavailable("remote")
 
-    ctx = SimpleNamespace(engine=engine, results=SimpleNamespace(note=notes.append))
-    out = sd.run_arms(ctx, [sd.ngram_arm(4)])
-    assert out["runs"].empty and "skipped" in notes[0]
+def test_explore_reuses_a_planned_arm_and_starts_others_outside_the_plan(cpu):
+    p = sd.plan(cpu, {"ngram_ks": [4], "draft_models": [], "draft_ks": []})
+    asked = []
+    ctx = SimpleNamespace(plan=p, arm=lambda a: asked.append(("arm", a.name)),
+                          any_engine=lambda **flags: asked.append(("any", flags)))
+    sd.explore_engine(ctx, sd.ngram_arm(4))
+    sd.explore_engine(ctx, sd.ngram_arm(2))
+    assert asked == [("arm", "ngram k=4"), ("any", sd.ngram_arm(2).flags)]
 
 
 def test_numpy_ints_are_valid_k():
@@ -433,3 +474,35 @@ def test_load_warning_names_busy_runs():
     assert "1 of 2 runs" in msg and "baseline/chat/c1 (9.5)" in msg and "ngram" not in msg
     assert sd.load_warning(runs, cores=8) == ""
     assert sd.load_warning(pd.DataFrame(), cores=2) == ""
+
+
+def test_findings_on_a_hand_made_run_table():
+    cols = ["arm", "method", "workload", "concurrency", "tpot_ms_median", "drafts",
+            "draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length",
+            "tokens_per_chunk", "per_position_acceptance"]
+    runs = pd.DataFrame([
+        ("baseline", "none", "code_edit", 1, 30.0, 0, 0, 0, None, None, 1.0, []),
+        ("baseline", "none", "chat", 1, 20.0, 0, 0, 0, None, None, 1.0, []),
+        ("ngram k=2", "ngram", "code_edit", 1, 10.0, 10, 20, 18, 0.9, 2.8, 2.5, [0.95, 0.85]),
+        ("ngram k=2", "ngram", "chat", 1, 22.0, 5, 10, 1, 0.1, 1.2, 1.1, [0.2, 0.0]),
+    ], columns=cols)
+    identity = pd.DataFrame({"arm": ["ngram k=2"] * 4, "identical": [True, True, True, False]})
+    out = sd.findings(runs, identity, high_concurrency=0, article_claim="claim")
+    by = {f["technique"]: f for f in out}
+    assert list(by) == ["speculative decoding: n-gram, code edits",
+                        "speculative decoding: n-gram, chat",
+                        "speculative decoding: n-gram acceptance",
+                        "speculative decoding: output identity"]
+    code = by["speculative decoding: n-gram, code edits"]
+    assert (code["baseline"], code["treated"]) == (30.0, 10.0)
+    assert code["metric"] == "TPOT median (ms), code edits, 1 at a time, baseline -> ngram k=2"
+    assert "accepted 18 of 20 draft tokens (90%) in 10 drafts" in code["mechanism"]
+    assert code["checklist"] == "speculative decoding:tpot"
+    chat = by["speculative decoding: n-gram, chat"]
+    assert (chat["baseline"], chat["treated"]) == (20.0, 22.0)
+    acc = by["speculative decoding: n-gram acceptance"]
+    assert (acc["baseline"], acc["treated"]) == (pytest.approx(10.0), pytest.approx(90.0))
+    assert acc["mechanism"].endswith("per draft position: 95%, 85%")
+    same = by["speculative decoding: output identity"]
+    assert (same["baseline"], same["treated"]) == (4.0, 3.0)
+    assert same["mechanism"].endswith("ngram k=2: 3/4")

@@ -1,8 +1,9 @@
 """Experiments of `04_speculative_decoding`: what speculative decoding does to
 TPOT, for two kinds of proposer, two kinds of text and two loads.
 
-Every arm is one engine. The baseline has no `--speculative-config`; each
-treated arm adds exactly that flag:
+Every arm is one engine, declared by `plan(profile, params)` before any
+starts. The baseline has no `--speculative-config`; each treated arm adds
+exactly that flag:
 
 - **n-gram prompt lookup** (`{"method": "ngram", "num_speculative_tokens": k,
   "prompt_lookup_max": 4, "prompt_lookup_min": 2}`): the proposer looks for the
@@ -30,6 +31,7 @@ import difflib
 import itertools
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .. import arms
 from ..client import Load, RequestRecord, RequestSpec
 from ..counters import scrape_text
 from ..host import host_load
@@ -59,6 +62,10 @@ RUN_COLUMNS = ["requests", "output_tokens", "tpot_ms_median", "tpot_ms_p90", "tp
 # --------------------------------------------------------------------------
 # Arms and their engine flags (pure)
 # --------------------------------------------------------------------------
+
+#: The one flag every treated arm adds to the baseline's engine.
+SPEC_KNOB = "speculative_config"
+
 
 def ngram_config(k: int, prompt_lookup_max: int = 4, prompt_lookup_min: int = 2) -> dict:
     """vLLM `speculative_config` for n-gram prompt lookup with `k` proposed tokens."""
@@ -85,46 +92,54 @@ def _check_k(k: int) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Arm:
-    """One engine: the baseline (`method="none"`), n-gram lookup or a draft model."""
-    name: str
-    method: str = "none"            # "none" | "ngram" | "draft"
-    k: int = 0                      # num_speculative_tokens
-    draft: str = ""                 # what the draft is ("6-layer truncation", "self", ...)
-    draft_path: str = ""            # the folder or hub id vLLM loads
-
-    @property
-    def flags(self) -> dict[str, Any]:
-        """The technique flags layered on the profile: nothing or `speculative_config`."""
-        if self.method == "none":
-            return {}
-        if self.method == "ngram":
-            return {"speculative_config": ngram_config(self.k, **NGRAM_LOOKUP)}
-        if self.method == "draft":
-            return {"speculative_config": draft_model_config(self.draft_path, self.k)}
-        raise ValueError(f"unknown method {self.method!r}")
+class SpecArm(arms.Arm):
+    """A plan arm (`lab_utils.arms.Arm`) that also says which proposer it runs,
+    so every run-table row and results record can name it: `method` "none"
+    (the baseline), "ngram" or "draft", `k` proposed tokens, and for a draft
+    its short name (`draft`) and the folder or hub id vLLM loads (`draft_path`)."""
+    method: str = "none"
+    k: int = 0
+    draft: str = ""
+    draft_path: str = ""
 
 
-def baseline_arm() -> Arm:
-    return Arm("baseline")
+def baseline_arm() -> SpecArm:
+    return SpecArm("baseline", title="no --speculative-config")
 
 
-def ngram_arm(k: int) -> Arm:
-    _check_k(k)
-    return Arm(f"ngram k={k}", "ngram", int(k))
+def ngram_arm(k: int) -> SpecArm:
+    return SpecArm(f"ngram k={k}", {SPEC_KNOB: ngram_config(k, **NGRAM_LOOKUP)}, knob=SPEC_KNOB,
+                   title=f"n-gram prompt lookup, {k} proposed tokens", method="ngram", k=int(k))
 
 
-def draft_arm(path: str, k: int, draft: str) -> Arm:
-    _check_k(k)
-    return Arm(f"draft {draft} k={k}", "draft", int(k), draft, str(path))
+def draft_arm(path: str, k: int, draft: str) -> SpecArm:
+    return SpecArm(f"draft {draft} k={k}", {SPEC_KNOB: draft_model_config(path, k)},
+                   knob=SPEC_KNOB, title=f"draft model {draft}, {k} proposed tokens",
+                   method="draft", k=int(k), draft=draft, draft_path=str(path))
 
 
-def resolve_draft(profile: Profile, draft: str, draft_layers: int = 6) -> tuple[str, str]:
-    """(path or hub id, short description) of the draft model `draft` names.
+def _model_path(profile: Profile, role: str | None) -> str:
+    """Where the profile's model for `role` is (None: the served model), without
+    building it: the embedded model and its layer cuts are folders the lab
+    builds on first use (`ensure_draft` builds them before the engine starts)."""
+    ref = profile.model if role is None else profile.models.get(role)
+    if ref == "embedded":
+        from ..model import embedded_model_dir
+        return str(embedded_model_dir())
+    cut = re.fullmatch(r"embedded-(\d+)L", ref or "")
+    if cut:
+        from ..derived_models import truncated_model_dir
+        return str(truncated_model_dir(int(cut.group(1))))
+    return profile.model_for(role)  # a hub id or a path: nothing to build
+
+
+def draft_source(profile: Profile, draft: str, draft_layers: int = 6) -> tuple[str, str]:
+    """(path or hub id, short name) of the draft model `draft` names; builds
+    nothing, so a plan can name the folder before it exists.
 
     - "auto": the profile's `draft` role if it has one, else (embedded model) "truncated".
     - "truncated": the first `draft_layers` layers of the embedded model, built
-      once by `lab_utils.derived_models.truncated_model`.
+      once by `lab_utils.derived_models.truncated_model` (`ensure_draft`).
     - "self": the served model itself (acceptance upper bound, no speed-up possible).
     - "profile": the profile's `draft` role (e.g. Qwen2.5-0.5B-Instruct on `gpu`).
     - anything else: used as the path or hub id itself.
@@ -138,40 +153,61 @@ def resolve_draft(profile: Profile, draft: str, draft_layers: int = 6) -> tuple[
             raise ConfigError(f"profile {profile.name!r} names no draft model: add `draft = "
                               "\"HUB_ID_OR_PATH\"` under [models] or pass draft='self'")
     if draft == "profile":
-        path = profile.model_for("draft")
+        path = _model_path(profile, "draft")
         return path, Path(path).name if Path(path).exists() else path.split("/")[-1]
     if draft == "self":
         if profile.is_remote:
             raise ConfigError("draft='self' needs the model path the server loads; the remote "
                               "profile does not know it")
-        return profile.model_for(None), "self"
+        return _model_path(profile, None), "self"
     if draft == "truncated":
         if profile.model != "embedded":
             raise ConfigError(f"draft='truncated' cuts the embedded model; profile "
                               f"{profile.name!r} serves {profile.model!r}: use 'profile' or a path")
-        from ..derived_models import truncated_model
-        return str(truncated_model(int(draft_layers))), f"{int(draft_layers)}L"
+        from ..derived_models import truncated_model_dir
+        return str(truncated_model_dir(int(draft_layers))), f"{int(draft_layers)}L"
     return draft, Path(draft).name or draft
 
 
-def plan_arms(profile: Profile, ngram_ks: Sequence[int], draft_models: Sequence[str],
-              draft_ks: Sequence[int], draft_layers: int = 6) -> list[Arm]:
-    """The baseline, one n-gram arm per k, one draft arm per (draft, k): one engine each."""
-    arms = [baseline_arm()] + [ngram_arm(int(k)) for k in ngram_ks]
-    for name in draft_models:
+def ensure_draft(arm: arms.Arm) -> None:
+    """Build the draft folder a draft arm names if the lab derives it (the
+    embedded model, or its first N layers) and it is not built yet: vLLM reads
+    the draft when its engine starts. Other arms and drafts: nothing to do."""
+    path = getattr(arm, "draft_path", "")
+    if not path:
+        return
+    from .. import derived_models, model
+    if Path(path) == model.embedded_model_dir():
+        model.ensure_embedded_model()
+        return
+    cut = re.search(r"-(\d+)L$", path)
+    if cut and Path(path) == derived_models.truncated_model_dir(int(cut.group(1))):
+        derived_models.truncated_model(int(cut.group(1)))
+
+
+def plan(profile: Profile, params: Mapping[str, Any]) -> arms.Plan:
+    """The notebook's engines: the baseline, one n-gram arm per k in
+    `ngram_ks`, one draft arm per (draft in `draft_models`, k in `draft_ks`).
+    Each treated arm adds `--speculative-config` to the baseline and nothing
+    else; the draft folders are named here and built before their engine starts."""
+    out = [baseline_arm()] + [ngram_arm(int(k)) for k in params.get("ngram_ks", [])]
+    for name in params.get("draft_models", []):
         if name in ("", "none"):
             continue
-        path, label = resolve_draft(profile, name, draft_layers)
-        arms += [draft_arm(path, int(k), label) for k in draft_ks]
-    return arms
+        path, label = draft_source(profile, name, int(params.get("draft_layers", 6)))
+        out += [draft_arm(path, int(k), label) for k in params.get("draft_ks", [])]
+    return arms.Plan("04_speculative_decoding", tuple(out))
 
 
-def arms_frame(arms: Sequence[Arm]) -> pd.DataFrame:
-    """The planned arms and the `--speculative-config` each adds (JSON)."""
-    import json
-    return pd.DataFrame([{"arm": a.name, "method": a.method, "k": a.k, "draft": a.draft,
-                          "speculative_config": json.dumps(a.flags.get("speculative_config"))
-                          if a.flags else "(none)"} for a in arms]).set_index("arm")
+def draft_table(plan: arms.Plan) -> pd.DataFrame:
+    """What each draft arm's draft is (`describe_draft`), building the drafts
+    the lab derives first (`ensure_draft`): one row per draft arm."""
+    rows = []
+    for a in plan.arms:
+        if getattr(a, "method", "") == "draft":
+            ensure_draft(a)
+            rows.append({"arm": a.name, **describe_draft(a.draft_path)})
+    return pd.DataFrame(rows).set_index("arm") if rows else pd.DataFrame()
 
 
 def describe_draft(path: str) -> dict[str, Any]:
@@ -371,7 +407,7 @@ def identity_summary(identity: pd.DataFrame) -> pd.DataFrame:
 # Tables (pure)
 # --------------------------------------------------------------------------
 
-def run_row(run, arm: Arm, workload: str, concurrency: int, chunks: pd.DataFrame,
+def run_row(run, arm: SpecArm, workload: str, concurrency: int, chunks: pd.DataFrame,
             per_pos: Sequence[float] = (), host_load_1m: float = math.nan) -> dict[str, Any]:
     """One row of the run table: latency stats, chunk/token ITL, the counters
     and the host's load average when the run ended."""
@@ -572,7 +608,7 @@ def _per_pos(engine) -> dict[int, float]:
         return {}
 
 
-def measure_workload(engine, arm: Arm, workload: str, concurrency: int, n: int,
+def measure_workload(engine, arm: SpecArm, workload: str, concurrency: int, n: int,
                      max_tokens: int, *, results: Results | None = None,
                      progress: bool = True, label: str | None = None) -> dict[str, Any]:
     """One run: `n` requests of `workload` with `concurrency` in flight.
@@ -612,18 +648,18 @@ def load_warning(runs: pd.DataFrame, cores: int | None = None, factor: float = 2
             "counters (acceptance, drafts) do not depend on it.")
 
 
-def measure_arm(engine, arm: Arm, *, workloads: Sequence[str] = WORKLOADS, requests: int = 3,
+def measure_arm(engine, arm: SpecArm, *, workloads: Sequence[str] = WORKLOADS, requests: int = 3,
                 max_tokens: int = 48, high_concurrency: int = 8,
                 high_load_workload: str = "code_edit", results: Results | None = None,
                 progress: bool = True) -> list[dict[str, Any]]:
     """Everything one engine measures: each workload one request at a time,
     then `high_load_workload` with `high_concurrency` requests in flight
     (skipped when high_concurrency <= 1)."""
-    plan = [(w, 1, requests) for w in workloads]
+    runs = [(w, 1, requests) for w in workloads]
     if high_concurrency > 1:
-        plan.append((high_load_workload, high_concurrency, high_concurrency))
+        runs.append((high_load_workload, high_concurrency, high_concurrency))
     return [measure_workload(engine, arm, w, c, n, max_tokens, results=results,
-                             progress=progress) for w, c, n in plan]
+                             progress=progress) for w, c, n in runs]
 
 
 def combine(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -641,27 +677,43 @@ def combine(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "records": [r for p in parts for r in p["records"]]}
 
 
-def run_arms(ctx, arms: Sequence[Arm], *, workloads: Sequence[str] = WORKLOADS,
-             requests: int = 3, max_tokens: int = 48, high_concurrency: int = 8,
-             high_load_workload: str = "code_edit", progress: bool = True) -> dict[str, Any]:
-    """Every arm in turn (one engine start each), all runs on one engine before
-    the next. An arm the target cannot serve is skipped and noted."""
+def run_arms(ctx, names: Sequence[str] | None = None, *,
+             workloads: Sequence[str] = WORKLOADS, requests: int = 3, max_tokens: int = 48,
+             high_concurrency: int = 8, high_load_workload: str = "code_edit",
+             progress: bool = True) -> dict[str, Any]:
+    """Every arm of the notebook's plan (or the arms `names`) in turn, one
+    engine start each, all runs on one engine before the next; a draft the lab
+    derives is built before its engine starts. An arm the target cannot serve
+    is skipped and noted (`ctx.arm`)."""
     parts: list[dict[str, Any]] = []
-    for arm in arms:
-        try:
-            engine = ctx.engine(**arm.flags)
-        except ArmUnavailable as exc:
-            ctx.results.note(f"arm {arm.name!r} skipped: {exc}")
-            print(f"arm {arm.name!r} skipped: {exc}")
-            continue
-        parts += measure_arm(engine, arm, workloads=workloads, requests=requests,
-                             max_tokens=max_tokens, high_concurrency=high_concurrency,
-                             high_load_workload=high_load_workload, results=ctx.results,
-                             progress=progress)
+    for name in names or ctx.plan.names:
+        arm = ctx.plan.arm(name)
+        ensure_draft(arm)
+        engine = ctx.arm(arm)
+        if engine is not None:
+            parts += measure_arm(engine, arm, workloads=workloads, requests=requests,
+                                 max_tokens=max_tokens, high_concurrency=high_concurrency,
+                                 high_load_workload=high_load_workload, results=ctx.results,
+                                 progress=progress)
     return combine(parts)
 
 
 _explore_runs = itertools.count(1)
+
+
+def explore_engine(ctx, arm: SpecArm):
+    """The engine of an arm chosen in Explore: the planned arm's (`ctx.arm`)
+    when the plan declares that engine, else one outside the plan
+    (`ctx.any_engine`); None (printed) when the target cannot serve it."""
+    ensure_draft(arm)
+    planned = ctx.plan.find(None, arm.flags)
+    if planned is not None:
+        return ctx.arm(planned)
+    try:
+        return ctx.any_engine(**arm.flags)
+    except ArmUnavailable as exc:
+        print(f"arm {arm.name!r} unavailable: {exc}")
+        return None
 
 
 def explore_arm(ctx, method: str, k: int, workload: str, concurrency: int, *,
@@ -678,17 +730,15 @@ def explore_arm(ctx, method: str, k: int, workload: str, concurrency: int, *,
     elif method.startswith("draft"):
         which = method.split(":", 1)[1].strip() if ":" in method else "auto"
         try:
-            path, label = resolve_draft(ctx.profile, which, draft_layers)
+            path, label = draft_source(ctx.profile, which, draft_layers)
         except ConfigError as exc:
             print(f"no draft model: {exc}")
             return pd.DataFrame()
         arm = draft_arm(path, int(k), label)
     else:
         raise ValueError(f"unknown method {method!r}")
-    try:
-        engine = ctx.engine(**arm.flags)
-    except ArmUnavailable as exc:
-        print(f"arm {arm.name!r} unavailable: {exc}")
+    engine = explore_engine(ctx, arm)
+    if engine is None:
         return pd.DataFrame()
     n = int(concurrency) if concurrency > 1 else int(requests)
     part = measure_workload(engine, arm, workload, int(concurrency), n, int(max_tokens),
@@ -795,16 +845,23 @@ __all__ = [
     "NGRAM_LOOKUP",
     "RUN_COLUMNS",
     "WORKLOADS",
-    "Arm",
+    "SPEC_KNOB",
+    "SpecArm",
     "baseline_arm",
     "break_even_acceptance",
     "chunk_frame",
     "combine",
     "compare_to_baseline",
+    "describe_draft",
     "draft_arm",
+    "draft_source",
+    "draft_table",
     "draft_model_config",
     "expected_tokens_per_step",
+    "ensure_draft",
     "explore_arm",
+    "explore_engine",
+    "explore_methods",
     "first_difference",
     "identity_summary",
     "measure_arm",
@@ -815,11 +872,10 @@ __all__ = [
     "per_position_counts",
     "per_position_rates",
     "pick",
-    "plan_arms",
+    "plan",
     "plot_acceptance",
     "plot_chunk_vs_token",
     "plot_tpot",
-    "resolve_draft",
     "run_arms",
     "run_row",
     "text_diff",
