@@ -15,6 +15,7 @@ from lab_utils.client import RequestRecord, Run
 from lab_utils.experiments import fp8_kv_cache as kv
 from lab_utils.model import embedded_model_dir
 from lab_utils.profiles import ConfigError
+from lab_utils.results import Results
 from lab_utils.server import EnginePool
 
 SMOLLM2 = kv.KVGeometry(num_layers=30, num_kv_heads=3, head_dim=64)
@@ -127,60 +128,26 @@ def test_parse_kv_log():
     assert kv.parse_kv_log("") == {} and kv.parse_kv_log(None) == {}
 
 
-def _entry(token, logprob, rank, top=None):
-    d = {str(token): {"logprob": logprob, "rank": rank, "decoded_token": "x"}}
-    if top is not None:
-        d[str(top)] = {"logprob": -0.1, "rank": 1, "decoded_token": "y"}
-    return d
-
-
-def test_prompt_token_logprobs():
-    ids = [5, 7, 9, 11]
-    response = [None, _entry(7, -2.0, 3, top=8), _entry(9, -0.5, 1), _entry(11, -1.0, 2, top=4)]
-    lp, top1 = kv.prompt_token_logprobs(ids, json.loads(json.dumps(response)))
-    assert lp.tolist() == [-2.0, -0.5, -1.0]
-    assert top1.tolist() == [8, 9, 4]
-    with pytest.raises(ValueError, match="prompt_logprobs for"):
-        kv.prompt_token_logprobs(ids, response[:3])
-    with pytest.raises(ValueError, match="no log-probs"):
-        kv.prompt_token_logprobs(ids, [None, None, *response[2:]])
-
-
-def test_perplexity_and_compare_logprobs():
-    assert kv.perplexity([0.0, 0.0]) == 1.0
-    assert kv.perplexity([-math.log(4)] * 3) == pytest.approx(4.0)
-    assert math.isnan(kv.perplexity([]))
-    base = {"logprobs": np.array([-1.0, -2.0, -3.0, -0.5]), "top1": np.array([1, 2, 3, 4])}
-    treated = {"logprobs": np.array([-1.1, -2.0, -2.8, -0.5]), "top1": np.array([1, 2, 9, 4])}
-    c = kv.compare_logprobs(base, treated)
-    assert c["tokens"] == 4
-    assert c["mean_abs_logprob_diff"] == pytest.approx(0.3 / 4)
-    assert c["max_abs_logprob_diff"] == pytest.approx(0.2)
-    assert c["top1_agreement"] == 0.75
-    assert c["ppl_baseline"] == pytest.approx(math.exp(6.5 / 4))
-    assert c["ppl_change_pct"] == pytest.approx((math.exp(6.4 / 4) / math.exp(6.5 / 4) - 1) * 100)
-    same = kv.compare_logprobs(base, base)
-    assert same["mean_abs_logprob_diff"] == 0 and same["ppl_change_pct"] == 0
-    with pytest.raises(ValueError, match="different token counts"):
-        kv.compare_logprobs(base, {"logprobs": np.zeros(3), "top1": np.zeros(3)})
-
-
-QUESTIONS = [{"id": "k01", "question": "Capital of France?", "answer_contains": ["paris"]},
-             {"id": "k08", "question": "2 + 2?", "answer_contains": ["4", "four"]}]
+def answers_rows(texts: dict[str, list[str]], correct: dict[str, list[bool]]) -> pd.DataFrame:
+    """`lab_utils.quality.answers_frame` rows of several arms, by hand."""
+    questions = [("k01", "Capital of France?"), ("k08", "2 + 2?")]
+    return pd.DataFrame([{"arm": arm, "id": qid, "question": q, "answer": text, "ok": True,
+                          "correct": ok}
+                         for arm in texts
+                         for (qid, q), text, ok in zip(questions, texts[arm], correct[arm])])
 
 
 def test_answers():
-    assert kv.answer_is_correct("It is PARIS.", ["paris"])
-    assert not kv.answer_is_correct("", ["paris"])
-    answers = {"auto": ["Paris. ", "Four"], "fp8": ["Paris.", "five"]}
-    t = kv.answer_table(answers, QUESTIONS)
+    answers = answers_rows({"auto": ["Paris. ", "Four"], "fp8": ["Paris.", "five"]},
+                           {"auto": [True, True], "fp8": [True, False]})
+    t = kv.answer_table(answers)
     assert list(t.index) == ["k01", "k08"]
     assert t.correct_auto.tolist() == [True, True] and t.correct_fp8.tolist() == [True, False]
     assert t.same_as_auto_fp8.tolist() == [True, False]       # whitespace does not count
     s = kv.answer_summary(t, ["auto", "fp8", "fp8_e5m2"])     # an arm that did not run
     assert s.loc["auto"].tolist() == [2, 2, 2] and s.loc["fp8"].tolist() == [2, 1, 1]
     assert "fp8_e5m2" not in s.index
-    assert kv.answer_table({}, []).empty
+    assert kv.answer_table(pd.DataFrame()).empty
 
 
 def test_safetensors_parameters(tmp_path):
@@ -243,16 +210,17 @@ def _result():
                       "engine_cpu_ms_per_token": t * 2, "engine_cpu_pct": 90.0,
                       "host_load_1m": 1.0})
         for arm, t in (("auto", 60.0), ("fp8", 70.0))], ignore_index=True)
-    rng = np.random.default_rng(0)
-    base = rng.normal(-2, 1, 50)
-    logprobs = {"auto": {"logprobs": base, "top1": np.arange(50)},
-                "fp8": {"logprobs": base + 0.01, "top1": np.arange(50)}}
+    logprobs = {"auto": {"logprobs": np.array([-1.0, -1.0, -1.0, -1.0]),
+                         "top1": np.array([1, 2, 3, 4])},
+                "fp8": {"logprobs": np.array([-1.0, -2.0, -1.0, -2.0]),
+                        "top1": np.array([1, 2, 3, 9])}}
     pressure = pd.DataFrame([kv.pressure_row(a, _run([1.0, 2.0]), pd.DataFrame(),
                                              capacity_tokens=c, block_size=128,
                                              prompt_tokens=256, output_tokens=64, concurrency=2)
                              for a, c in (("auto", 1408.0), ("fp8", 5760.0))]).set_index("arm")
     return kv.ArmsResult(budget_bytes=67108864, capacity=cap, single=single, logprobs=logprobs,
-                         answers={"auto": ["Paris", "4"], "fp8": ["Paris", "four"]},
+                         answers=answers_rows({"auto": ["Paris", "4"], "fp8": ["Paris", "four"]},
+                                              {"auto": [True, True], "fp8": [True, True]}),
                          pressure=pressure)
 
 
@@ -264,7 +232,8 @@ def test_tables_and_headline():
     one = kv.single_table(r.single)
     assert one.tpot_ms_median.tolist() == [61.0, 71.0] and one.requests.tolist() == [3, 3]
     q = kv.quality_table(r)
-    assert q.loc["fp8", "mean_abs_logprob_diff"] == pytest.approx(0.01)
+    assert q.loc["fp8", "mean_abs_logprob_diff"] == pytest.approx(0.5)
+    assert q.loc["fp8", "top1_agreement"] == 0.75
     assert q.loc["auto", "ppl_change_pct"] == 0
     h = kv.headline(r)
     assert (h["baseline"], h["treated"]) == ("auto", "fp8")
@@ -323,3 +292,109 @@ def test_cpu_backend_dtypes_match_installed_vllm():
     for name in kv.CPU_KV_CACHE_DTYPES:
         assert f'"{name}"' in text
     assert "no line with" in kv.vllm_source("platforms/cpu.py", "no such line anywhere", 3)
+
+
+def test_findings_cite_the_baseline_and_the_first_fp8_arm(tmp_path):
+    out = kv.findings(_result(), max_model_len=1024, pressure_requests=2)
+    assert [f["metric"] for f in out] == [
+        "KV-cache capacity (tokens) in 64 MiB, auto -> fp8",
+        "single-request TPOT median (ms), auto -> fp8",
+        "under memory pressure (2 requests at once): TTFT p99 (ms), auto -> fp8",
+        "under memory pressure (2 requests at once): output throughput (tok/s), auto -> fp8",
+        "under memory pressure (2 requests at once): preemptions, auto -> fp8",
+        "perplexity on 4 tokens of a fixed text, auto -> fp8"]
+    assert {f["technique"] for f in out} == {"fp8 KV cache"}
+    capacity, tpot, ttft, throughput, preemptions, ppl = out
+    assert (capacity["baseline"], capacity["treated"]) == (1408.0, 5760.0)
+    assert capacity["article_claim"] == "--kv-cache-dtype fp8: less memory-bandwidth pressure"
+    assert ("num_gpu_blocks 11 -> 45, kv_cache_max_concurrency 1.375 -> 5.625 at max_model_len "
+            "1024; 46,080 -> 11,520 bytes per token") in capacity["mechanism"]
+    assert (tpot["baseline"], tpot["treated"]) == (61.0, 71.0)     # medians of 60-62, 70-72
+    assert tpot["mechanism"].startswith("ITL p50 60.0 -> 70.0 ms, p99 120.0 -> 140.0 ms")
+    assert (ttft["baseline"], ttft["treated"]) == (pytest.approx(1990.0), pytest.approx(1990.0))
+    assert throughput["baseline"] == pytest.approx(6.4)             # 2 x 32 tokens in 10 s
+    assert (preemptions["baseline"], preemptions["treated"]) == (3, 3)
+    assert "vllm:num_preemptions_total 3 -> 3" in preemptions["mechanism"]
+    assert (ppl["baseline"], ppl["treated"]) == (pytest.approx(math.e), pytest.approx(math.exp(1.5)))
+    assert ppl["article_claim"] == "(no accuracy claim for the fp8 KV cache)"
+    assert ("mean |log-prob difference| 0.5000 nats (p99 1.000, max 1.000); top-1 token "
+            "agreement 75.0%; greedy answers identical 1/2, correct 2 -> 2") in ppl["mechanism"]
+    table = Results("06_fp8_kv_cache", tmp_path).add_findings(out)
+    assert len(table) == 6
+
+
+def test_findings_of_arms_that_did_not_run_are_noted_not_recorded(tmp_path):
+    res = Results("06_fp8_kv_cache", tmp_path)
+    table = res.add_findings(kv.findings(kv.ArmsResult(budget_bytes=1), max_model_len=1024,
+                                         pressure_requests=8))
+    assert table.empty and sum("not recorded" in n for n in res.data["notes"]) == 6
+
+
+def test_arm_notes():
+    assert kv.arm_notes(_result()) == [
+        "auto: 1,408 KV tokens, single TPOT 61.0 ms, pressure TTFT p99 1990 ms, preemptions 3",
+        "fp8: 5,760 KV tokens, single TPOT 71.0 ms, pressure TTFT p99 1990 ms, preemptions 3"]
+
+
+PARAMS = {"kv_dtypes": ["auto", "fp8"], "kv_cache_gib": 0.0625, "max_model_len": 1024}
+
+
+def probe_says(monkeypatch, rows):
+    from lab_utils import capabilities
+    caps = capabilities.Capabilities(rows)
+    monkeypatch.setattr(capabilities, "probe", lambda *a, **k: caps)
+
+
+def test_plan_on_a_cpu_with_fp8_kv(monkeypatch):
+    from test_capabilities import AVX512
+    probe_says(monkeypatch, AVX512)
+    p = kv.plan(load_profile("cpu"), PARAMS)
+    assert p.names == ["auto", "fp8"] and p.notes == () and p.problems() == []
+    assert p.baseline.flags == {"kv_cache_dtype": "auto", "kv_cache_memory_bytes": 67_108_864,
+                                "max_model_len": 1024}
+    fp8 = p.arm("fp8")
+    assert fp8.knob == "kv_cache_dtype" and fp8.optional and not p.baseline.optional
+    assert fp8.flags == {**p.baseline.flags, "kv_cache_dtype": "fp8"}
+
+
+def test_plan_on_an_avx2_cpu_leaves_fp8_out_with_the_probes_reason(monkeypatch):
+    from test_capabilities import AVX2
+    probe_says(monkeypatch, AVX2)
+    p = kv.plan(load_profile("cpu"), {**PARAMS, "kv_dtypes": ["auto", "fp8", "fp8_e5m2"]})
+    assert p.names == ["auto"]
+    assert len(p.notes) == 2 and p.notes[0].startswith("arm 'fp8' skipped: fails")
+    assert "AVX-512" in p.notes[0] and p.notes[1].startswith("arm 'fp8_e5m2' skipped")
+    with pytest.raises(ConfigError, match="no KV dtype"):
+        kv.plan(load_profile("cpu"), {**PARAMS, "kv_dtypes": ["fp8"]})
+
+
+def test_run_arms_measures_the_plans_arms_through_ctx_arm(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from test_capabilities import AVX512
+    monkeypatch.delenv(kv.CPU_KV_ENV, raising=False)
+    probe_says(monkeypatch, AVX512)
+    profile = load_profile("cpu")
+    asked = []
+    ctx = SimpleNamespace(profile=profile, plan=kv.plan(profile, PARAMS),
+                          engines=EnginePool(profile, log_dir=tmp_path),
+                          arm=lambda name: asked.append(name))  # None: cannot serve it
+    out = kv.run_arms(ctx, kv_cache_gib=0.0625)
+    assert asked == ["auto", "fp8"] and out.skipped == ["auto", "fp8"] and out.arms == []
+    assert kv.CPU_KV_ENV not in ctx.engines.profile.env          # the budget pool
+
+
+def test_explore_reuses_a_planned_arm_and_starts_others_outside_the_plan(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from test_capabilities import AVX512
+    probe_says(monkeypatch, AVX512)
+    profile = kv.budget_profile(load_profile("cpu"))
+    asked = []
+    ctx = SimpleNamespace(profile=profile, plan=kv.plan(profile, PARAMS),
+                          engines=EnginePool(profile, log_dir=tmp_path),
+                          arm=lambda a: asked.append(("arm", a.name)),
+                          any_engine=lambda **flags: asked.append(("any", flags)))
+    assert kv.explore_pressure(ctx, "fp8", 4).empty
+    assert kv.explore_pressure(ctx, "fp8_e5m2", 4).empty
+    assert asked == [("arm", "fp8"), ("any", kv.arm_flags("fp8_e5m2", 67_108_864, 1024))]

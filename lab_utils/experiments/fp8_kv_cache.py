@@ -41,22 +41,21 @@ from typing import Any, Self
 import numpy as np
 import pandas as pd
 
-from ..client import Load, RequestSpec
+from .. import arms
+from ..client import Load
 from ..counters import scrape
 from ..host import EngineCPU, host_load
-from ..http import post_json
 from ..profiles import ConfigError, Profile
-from ..results import Results, measure
-from ..server import ArmUnavailable, EnginePool, ServerError
-from ..workloads import (
-    answer_is_correct,
-    chat,
-    long_documents,
-    quality_questions,
-    synthetic_specs,
-    tokenizer_for,
-    warm_up,
+from ..quality import (
+    compare_logprobs,
+    greedy_answers,
+    prompt_logprobs,
+    text_windows,
+    token_logprobs,
 )
+from ..results import Results, measure
+from ..server import ArmUnavailable, EnginePool
+from ..workloads import synthetic_specs, tokenizer_for, warm_up
 
 #: What vLLM's CPU attention backend accepts (`CPUAttentionBackend.supported_kv_cache_dtypes`).
 CPU_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -180,62 +179,22 @@ def parse_kv_log(text: str) -> dict[str, Any]:
     return out
 
 
-def prompt_token_logprobs(prompt_ids: Sequence[int],
-                          prompt_logprobs: Sequence[Mapping[str, Mapping] | None]
-                          ) -> tuple[np.ndarray, np.ndarray]:
-    """From a completions response's `prompt_logprobs` (one dict per prompt
-    position, None for the first): the log-prob of each actual prompt token,
-    and the model's top-1 token id at each position (rank 1), positions 1..n-1."""
-    if len(prompt_logprobs) != len(prompt_ids):
-        raise ValueError(f"{len(prompt_logprobs)} prompt_logprobs for {len(prompt_ids)} tokens")
-    logprobs, top1 = [], []
-    for token, entry in zip(prompt_ids[1:], prompt_logprobs[1:]):
-        if entry is None:
-            raise ValueError("a prompt position after the first has no log-probs")
-        logprobs.append(float(entry[str(token)]["logprob"]))
-        best = [int(t) for t, v in entry.items() if v.get("rank") == 1]
-        top1.append(best[0] if best else -1)
-    return np.asarray(logprobs, float), np.asarray(top1, int)
-
-
-def perplexity(logprobs: Sequence[float]) -> float:
-    """exp(-mean log-prob) of the given tokens."""
-    arr = np.asarray(logprobs, float)
-    return float(np.exp(-arr.mean())) if arr.size else math.nan
-
-
-def compare_logprobs(base: Mapping[str, np.ndarray], treated: Mapping[str, np.ndarray]
-                     ) -> dict[str, float]:
-    """Perplexity of each arm on the same tokens, its change, the mean and
-    largest absolute log-prob difference, and top-1 (argmax) agreement."""
-    a, b = np.asarray(base["logprobs"], float), np.asarray(treated["logprobs"], float)
-    if a.shape != b.shape:
-        raise ValueError(f"different token counts: {a.shape} vs {b.shape}")
-    diff = np.abs(b - a)
-    ppl_a, ppl_b = perplexity(a), perplexity(b)
-    return {"tokens": int(a.size), "ppl_baseline": ppl_a, "ppl_treated": ppl_b,
-            "ppl_change_pct": (ppl_b - ppl_a) / ppl_a * 100 if a.size else math.nan,
-            "mean_abs_logprob_diff": float(diff.mean()) if a.size else math.nan,
-            "p99_abs_logprob_diff": float(np.percentile(diff, 99)) if a.size else math.nan,
-            "max_abs_logprob_diff": float(diff.max()) if a.size else math.nan,
-            "top1_agreement": float(np.mean(np.asarray(base["top1"]) == np.asarray(treated["top1"])))
-            if a.size else math.nan}
-
-
-def answer_table(answers: Mapping[str, Sequence[str]], questions: Sequence[Mapping[str, Any]],
-                 baseline: str = BASELINE) -> pd.DataFrame:
-    """One row per question: each arm's greedy answer, whether it is correct,
-    and whether it is identical to the baseline arm's answer."""
-    rows = []
-    for i, q in enumerate(questions):
-        row: dict[str, Any] = {"id": q["id"], "question": q["question"]}
-        for arm, texts in answers.items():
-            row[f"answer_{arm}"] = texts[i].strip()
-            row[f"correct_{arm}"] = answer_is_correct(texts[i], q["answer_contains"])
-            if arm != baseline and baseline in answers:
-                row[f"same_as_{baseline}_{arm}"] = texts[i].strip() == answers[baseline][i].strip()
-        rows.append(row)
-    return pd.DataFrame(rows).set_index("id") if rows else pd.DataFrame()
+def answer_table(answers: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    """One row per question from `lab_utils.quality.answers_frame` rows of
+    every arm (an `arm` column): each arm's greedy answer, whether it is
+    correct, and whether it is the baseline arm's answer word for word
+    (surrounding whitespace aside)."""
+    if answers.empty:
+        return pd.DataFrame()
+    table = answers.drop_duplicates("id").set_index("id")[["question"]]
+    texts = {arm: frame.set_index("id").answer.fillna("").str.strip()
+             for arm, frame in answers.groupby("arm", sort=False)}
+    for arm, frame in answers.groupby("arm", sort=False):
+        table[f"answer_{arm}"] = texts[arm]
+        table[f"correct_{arm}"] = frame.set_index("id").correct
+        if arm != baseline and baseline in texts:
+            table[f"same_as_{baseline}_{arm}"] = texts[arm] == texts[baseline]
+    return table
 
 
 def answer_summary(table: pd.DataFrame, arms: Sequence[str], baseline: str = BASELINE
@@ -322,7 +281,8 @@ def use_kv_budget(ctx, kv_cache_gib: float) -> int:
     budget = gib_to_bytes(kv_cache_gib)
     log_dir = ctx.engines.log_dir
     ctx.engines.close()
-    ctx.engines = EnginePool(budget_profile(ctx.profile), log_dir=log_dir)
+    ctx.engines = EnginePool(budget_profile(ctx.profile), log_dir=log_dir,
+                             keep=ctx.engines.keep)
     return budget
 
 
@@ -410,36 +370,6 @@ def single_request_latency(engine, arm: str, *, prompt_tokens: int = 256,
                               else math.nan, host_load_1m=host_load())
 
 
-def quality_text_ids(engine, tokens: int, doc: int = 0) -> list[int]:
-    """The first `tokens` token ids of shipped document `doc` (the fixed text)."""
-    ids = list(tokenizer_for(engine).encode(long_documents()[doc]["text"]))
-    if len(ids) < tokens:
-        raise ValueError(f"document {doc} has {len(ids)} tokens, fewer than {tokens}")
-    return ids[:tokens]
-
-
-def prompt_logprobs(engine, ids: Sequence[int]) -> dict[str, np.ndarray]:
-    """Non-streaming completions request with vLLM's `prompt_logprobs` extra
-    parameter: the log-prob the engine gives each token of `ids` after the ones
-    before it (teacher forcing), and its top-1 token at each position."""
-    body = {"model": engine.model, "prompt": list(ids), "max_tokens": 1, "temperature": 0,
-            "prompt_logprobs": 1}
-    data = post_json(engine, "/v1/completions", body)
-    logprobs, top1 = prompt_token_logprobs(ids, data["choices"][0]["prompt_logprobs"])
-    return {"logprobs": logprobs, "top1": top1}
-
-
-def greedy_answers(engine, arm: str, questions: Sequence[Mapping[str, Any]], *,
-                   max_tokens: int = 24, results: Results | None = None) -> list[str]:
-    """Greedy (temperature 0) chat answers to `questions`, sent together."""
-    specs = [RequestSpec(messages=chat(q["question"]), max_tokens=max_tokens, tag="quality")
-             for q in questions]
-    run = measure(engine, specs, Load.concurrent(max(1, len(specs))), label=f"{arm}/answers",
-                  results=results, progress=False)
-    by_index = {r.index: r.text for r in run.records}
-    return [by_index.get(i, "") for i in range(len(specs))]
-
-
 def pressure_run(engine, arm: str, *, requests: int = 8, concurrency: int | None = None,
                  prompt_tokens: int = 256, output_tokens: int = 64, seed: int = 200,
                  results: Results | None = None, progress: bool = True,
@@ -469,12 +399,13 @@ def pressure_run(engine, arm: str, *, requests: int = 8, concurrency: int | None
 
 @dataclass
 class ArmsResult:
-    """Everything `run_arms` measured, one table per experiment."""
+    """Everything `run_arms` measured, one table per experiment (`answers`:
+    `lab_utils.quality.answers_frame` rows of every arm, with an `arm` column)."""
     budget_bytes: int
     capacity: pd.DataFrame = field(default_factory=pd.DataFrame)
     single: pd.DataFrame = field(default_factory=pd.DataFrame)
     logprobs: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
-    answers: dict[str, list[str]] = field(default_factory=dict)
+    answers: pd.DataFrame = field(default_factory=pd.DataFrame)
     pressure: pd.DataFrame = field(default_factory=pd.DataFrame)
     pressure_requests: pd.DataFrame = field(default_factory=pd.DataFrame)
     gauges: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -494,36 +425,56 @@ def runnable_here(profile: Profile, kv_cache_dtype: str) -> str:
     return capabilities.why_not(profile, "kv_fp8" if kv_cache_dtype.startswith("fp8") else None)
 
 
-def run_arms(ctx, kv_dtypes: Sequence[str] = ("auto", "fp8"), *, kv_cache_gib: float = 0.0625,
-             max_model_len: int = 1024, single_prompt_tokens: int = 256,
-             single_output_tokens: int = 32, single_repeats: int = 3, quality_tokens: int = 768,
-             n_questions: int = 10, pressure_requests: int = 8, pressure_prompt_tokens: int = 256,
+def plan(profile: Profile, params: Mapping[str, Any]) -> arms.Plan:
+    """The notebook's engines: one per KV dtype of `kv_dtypes`, in that order,
+    all with the same byte budget (`kv_cache_gib`) and context length
+    (`max_model_len`), so each differs from the first (the baseline, `auto`
+    by default) in `kv_cache_dtype` only. An fp8 dtype this machine's probe
+    says cannot run is left out (the reason is in the plan's notes); the fp8
+    arms are optional: a server of theirs that fails to start is skipped."""
+    budget = gib_to_bytes(params.get("kv_cache_gib", 0.0625))
+    max_len = int(params.get("max_model_len", 1024))
+    notes, kept = [], []
+    for dtype in dict.fromkeys(params.get("kv_dtypes", ["auto", "fp8"])):
+        why = runnable_here(profile, dtype)
+        if why:
+            notes.append(f"arm {dtype!r} skipped: {why.splitlines()[0]}")
+        else:
+            kept.append(dtype)
+    if not kept:
+        raise ConfigError("06_fp8_kv_cache: no KV dtype of "
+                          f"{params.get('kv_dtypes')} can run here: " + "; ".join(notes))
+    out = [arms.Arm(d, arm_flags(d, budget, max_len), knob="kv_cache_dtype" if i else None,
+                    title=f"--kv-cache-dtype {d}", optional=d.startswith("fp8"))
+           for i, d in enumerate(kept)]
+    return arms.Plan("06_fp8_kv_cache", tuple(out), notes=tuple(notes))
+
+
+def run_arms(ctx, names: Sequence[str] | None = None, *, kv_cache_gib: float = 0.0625,
+             single_prompt_tokens: int = 256, single_output_tokens: int = 32,
+             single_repeats: int = 3, quality_tokens: int = 768, n_questions: int = 10,
+             pressure_requests: int = 8, pressure_prompt_tokens: int = 256,
              pressure_output_tokens: int = 64, progress: bool = True) -> ArmsResult:
-    """Every experiment on one arm, then on the next: one engine start per KV
-    dtype. An arm the target cannot serve (remote profile) is skipped and noted."""
+    """Every experiment on one arm of the notebook's plan (or of `names`), then
+    on the next: one engine start per KV dtype. An arm the target cannot serve
+    (remote profile, an fp8 server that did not start) is skipped and noted."""
     out = ArmsResult(budget_bytes=use_kv_budget(ctx, kv_cache_gib))
-    cap, single, pressure, reqs, gauges = [], [], [], [], []
-    questions = quality_questions()[:n_questions]
-    for arm in kv_dtypes:
-        try:
-            why_not = runnable_here(ctx.profile, arm)
-            if why_not:
-                raise ArmUnavailable(why_not)
-            engine = ctx.engine(**arm_flags(arm, out.budget_bytes, max_model_len))
-        except (ArmUnavailable, ServerError) as exc:
-            msg = f"arm {arm!r} skipped: {str(exc).splitlines()[0]}"
-            ctx.results.note(msg)
-            print(msg)
+    cap, single, pressure, reqs, gauges, answers = [], [], [], [], [], []
+    for arm in names or ctx.plan.names:
+        engine = ctx.arm(arm)
+        if engine is None:
             out.skipped.append(arm)
-            ctx.engines.close()  # a server that failed to start leaves nothing behind
             continue
         cap.append(capacity_row(engine, arm, out.budget_bytes))
         warm_up(engine, prompt="Hello", api="completions")
         single.append(single_request_latency(
             engine, arm, prompt_tokens=single_prompt_tokens, output_tokens=single_output_tokens,
             repeats=single_repeats, results=ctx.results, progress=progress))
-        out.logprobs[arm] = prompt_logprobs(engine, quality_text_ids(engine, quality_tokens))
-        out.answers[arm] = greedy_answers(engine, arm, questions, results=ctx.results)
+        ids = text_windows(tokenizer_for(engine), 1, quality_tokens)[0]
+        lp, top1 = token_logprobs(ids, prompt_logprobs(engine, ids))
+        out.logprobs[arm] = {"logprobs": lp, "top1": top1}
+        answers.append(greedy_answers(engine, n_questions, concurrency=max(1, n_questions),
+                                      label=f"{arm}/answers", results=ctx.results, arm=arm))
         row, frame, g = pressure_run(engine, arm, requests=pressure_requests,
                                      prompt_tokens=pressure_prompt_tokens,
                                      output_tokens=pressure_output_tokens,
@@ -534,6 +485,7 @@ def run_arms(ctx, kv_dtypes: Sequence[str] = ("auto", "fp8"), *, kv_cache_gib: f
     if cap:
         out.capacity = pd.DataFrame(cap).set_index("arm")
         out.single = pd.concat(single, ignore_index=True)
+        out.answers = pd.concat(answers, ignore_index=True)
         out.pressure = pd.DataFrame(pressure).set_index("arm")
         out.pressure_requests = pd.concat(reqs, ignore_index=True)
         out.gauges = pd.concat(gauges, ignore_index=True)
@@ -670,8 +622,7 @@ def headline(result: ArmsResult, baseline: str = BASELINE) -> dict[str, Any]:
     others = [a for a in result.arms if a != baseline]
     treated = others[0] if others else "fp8"
     keys = [baseline, treated]
-    questions = quality_questions()[:max((len(v) for v in result.answers.values()), default=0)]
-    answers = answer_summary(answer_table(result.answers, questions), keys)
+    answers = answer_summary(answer_table(result.answers), keys)
     return {"baseline": baseline, "treated": treated,
             "capacity": capacity_table(result).reindex(keys),
             "single": single_table(result.single).reindex(index=keys, columns=SINGLE_COLUMNS),
@@ -680,6 +631,84 @@ def headline(result: ArmsResult, baseline: str = BASELINE) -> dict[str, Any]:
                                                      columns=QUALITY_COLUMNS).loc[treated],
             "answers": answers.reindex(index=keys, columns=["questions", "correct",
                                                             "identical_to_baseline"])}
+
+
+#: The article's line on the fp8 KV cache (its only claim: bandwidth, not accuracy).
+CLAIM = "--kv-cache-dtype fp8: less memory-bandwidth pressure"
+
+
+def findings(result: ArmsResult, *, max_model_len: int, pressure_requests: int,
+             baseline: str = BASELINE) -> list[dict[str, Any]]:
+    """The notebook's findings (`Results.add_finding` keyword arguments), the
+    baseline against the first other arm (`headline`): KV capacity in the
+    budget, single-request TPOT, TTFT p99 / throughput / preemptions under
+    memory pressure, and perplexity of the fixed text. Each mechanism cites
+    vLLM's counters and labels; an arm that did not run leaves NaN values,
+    which `add_finding` notes instead of recording."""
+    h = headline(result, baseline)
+    b, t = h["baseline"], h["treated"]
+    cap, one, pres = h["capacity"], h["single"], h["pressure"]
+    q, a = h["quality"], h["answers"]
+    out = [
+        {"technique": "fp8 KV cache",
+         "metric": f"KV-cache capacity (tokens) in {result.budget_bytes / 2**20:g} MiB, {b} -> {t}",
+         "baseline": cap.kv_cache_size_tokens[b], "treated": cap.kv_cache_size_tokens[t],
+         "article_claim": CLAIM,
+         "mechanism": f"vllm:cache_config_info cache_dtype {cap.cache_dtype[b]} -> "
+                      f"{cap.cache_dtype[t]}, num_gpu_blocks {cap.num_blocks[b]:.0f} -> "
+                      f"{cap.num_blocks[t]:.0f}, kv_cache_max_concurrency "
+                      f"{cap.kv_cache_max_concurrency[b]:g} -> "
+                      f"{cap.kv_cache_max_concurrency[t]:g} at max_model_len {max_model_len}; "
+                      f"{cap.bytes_per_token[b]:,.0f} -> {cap.bytes_per_token[t]:,.0f} bytes "
+                      "per token"},
+        {"technique": "fp8 KV cache", "metric": f"single-request TPOT median (ms), {b} -> {t}",
+         "baseline": one.tpot_ms_median[b], "treated": one.tpot_ms_median[t],
+         "article_claim": "less memory-bandwidth pressure (implies faster decoding)",
+         "mechanism": f"ITL p50 {one.itl_ms_p50[b]:.1f} -> {one.itl_ms_p50[t]:.1f} ms, p99 "
+                      f"{one.itl_ms_p99[b]:.1f} -> {one.itl_ms_p99[t]:.1f} ms; engine CPU per "
+                      f"output token {one.engine_cpu_ms_per_token[b]:.0f} -> "
+                      f"{one.engine_cpu_ms_per_token[t]:.0f} ms (engine got "
+                      f"{one.engine_cpu_pct[b]:.0f}% -> {one.engine_cpu_pct[t]:.0f}% of the "
+                      "cores)"},
+    ]
+    evidence = (f"vllm:num_preemptions_total {pres.preemptions[b]:.0f} -> "
+                f"{pres.preemptions[t]:.0f}; vllm:num_requests_waiting max "
+                f"{pres.waiting_max[b]:.0f} -> {pres.waiting_max[t]:.0f}, running max "
+                f"{pres.running_max[b]:.0f} -> {pres.running_max[t]:.0f}; "
+                f"vllm:request_queue_time_seconds mean {pres.server_queue_ms_mean[b]:.0f} -> "
+                f"{pres.server_queue_ms_mean[t]:.0f} ms; engine CPU per output token "
+                f"{pres.engine_cpu_ms_per_token[b]:.0f} -> "
+                f"{pres.engine_cpu_ms_per_token[t]:.0f} ms")
+    for metric, col in [("TTFT p99 (ms)", "ttft_ms_p99"),
+                        ("output throughput (tok/s)", "output_tok_s"),
+                        ("preemptions", "preemptions")]:
+        out.append({"technique": "fp8 KV cache",
+                    "metric": f"under memory pressure ({pressure_requests} requests at once): "
+                              f"{metric}, {b} -> {t}",
+                    "baseline": pres[col][b], "treated": pres[col][t],
+                    "article_claim": "less memory-bandwidth pressure", "mechanism": evidence})
+    out.append({
+        "technique": "fp8 KV cache",
+        "metric": f"perplexity on {q.tokens:.0f} tokens of a fixed text, {b} -> {t}",
+        "baseline": q.ppl_baseline, "treated": q.ppl_treated,
+        "article_claim": "(no accuracy claim for the fp8 KV cache)",
+        "mechanism": f"prompt_logprobs: mean |log-prob difference| "
+                     f"{q.mean_abs_logprob_diff:.4f} nats (p99 {q.p99_abs_logprob_diff:.3f}, "
+                     f"max {q.max_abs_logprob_diff:.3f}); top-1 token agreement "
+                     f"{q.top1_agreement:.1%}; greedy answers identical "
+                     f"{a.identical_to_baseline[t]}/{a.questions[t]}, correct {a.correct[b]} -> "
+                     f"{a.correct[t]}"})
+    return out
+
+
+def arm_notes(result: ArmsResult) -> list[str]:
+    """One line per arm that ran, for the results file's notes: KV tokens,
+    single-request TPOT, TTFT p99 and preemptions under pressure."""
+    capacity, single = capacity_table(result), single_table(result.single)
+    return [f"{arm}: {capacity.kv_cache_size_tokens[arm]:,.0f} KV tokens, single TPOT "
+            f"{single.tpot_ms_median[arm]:.1f} ms, pressure TTFT p99 "
+            f"{result.pressure.ttft_ms_p99[arm]:.0f} ms, "
+            f"preemptions {result.pressure.preemptions[arm]:.0f}" for arm in result.arms]
 
 
 def vllm_source(relpath: str, start: str, lines: int = 8) -> str:
@@ -712,11 +741,14 @@ def explore_pressure(ctx, kv_cache_dtype: str, concurrency: int, *, requests: in
     fresh prompts (so the prefix cache cannot help), with the notebook's budget."""
     if ctx.engines.profile.env.get(CPU_KV_ENV):  # the notebook's pool would ignore the budget
         use_kv_budget(ctx, kv_cache_gib)
-    budget = gib_to_bytes(kv_cache_gib)
-    try:
-        engine = ctx.engine(**arm_flags(kv_cache_dtype, budget, max_model_len))
+    flags = arm_flags(kv_cache_dtype, gib_to_bytes(kv_cache_gib), max_model_len)
+    planned = ctx.plan.find(None, flags)
+    try:  # the notebook's own arm when it is one, else an engine outside the plan
+        engine = ctx.arm(planned) if planned is not None else ctx.any_engine(**flags)
     except ArmUnavailable as exc:
         print(f"arm {kv_cache_dtype!r} unavailable: {exc}")
+        return pd.DataFrame()
+    if engine is None:
         return pd.DataFrame()
     row, _, _ = pressure_run(engine, kv_cache_dtype, requests=max(requests, concurrency),
                              concurrency=concurrency, prompt_tokens=prompt_tokens,
@@ -824,6 +856,7 @@ def plot_logprobs(result: ArmsResult, baseline: str = BASELINE,
 
 __all__ = [
     "BASELINE",
+    "CLAIM",
     "CAPACITY_COLUMNS",
     "CPU_KV_CACHE_DTYPES",
     "CPU_KV_ENV",
@@ -831,26 +864,25 @@ __all__ = [
     "ArmsResult",
     "GaugeSampler",
     "KVGeometry",
-    "answer_is_correct",
     "answer_summary",
     "answer_table",
     "arm_flags",
     "blocks_needed",
     "budget_profile",
     "capacity_row",
+    "arm_notes",
     "capacity_table",
-    "compare_logprobs",
     "decode_step_traffic",
     "default_block_size",
     "expected_capacity_tokens",
     "explore_pressure",
     "gib_to_bytes",
-    "greedy_answers",
+    "findings",
     "headline",
     "kv_element_bytes",
     "kv_geometry",
     "parse_kv_log",
-    "perplexity",
+    "plan",
     "plot_capacity",
     "plot_logprobs",
     "plot_pressure",
@@ -858,10 +890,7 @@ __all__ = [
     "predicted_table",
     "pressure_row",
     "pressure_run",
-    "prompt_logprobs",
-    "prompt_token_logprobs",
     "quality_table",
-    "quality_text_ids",
     "requests_that_fit",
     "run_arms",
     "safetensors_parameters",
