@@ -197,11 +197,11 @@ def answer_table(answers: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFram
     return table
 
 
-def answer_summary(table: pd.DataFrame, arms: Sequence[str], baseline: str = BASELINE
+def answer_summary(table: pd.DataFrame, names: Sequence[str], baseline: str = BASELINE
                    ) -> pd.DataFrame:
     """Per arm: questions, correct answers, and answers identical to the baseline's."""
     rows = {}
-    for arm in arms:
+    for arm in names:
         if f"answer_{arm}" not in table:
             continue
         same = table.get(f"same_as_{baseline}_{arm}")
@@ -805,10 +805,10 @@ def plot_pressure(gauges: pd.DataFrame, title: str = "Requests running and waiti
     if gauges.empty:
         print("no gauge samples to draw")
         return None
-    arms = list(dict.fromkeys(gauges.arm))
-    fig, axes = plt.subplots(2, len(arms), figsize=(5.5 * len(arms), 5.5), squeeze=False,
+    names = list(dict.fromkeys(gauges.arm))
+    fig, axes = plt.subplots(2, len(names), figsize=(5.5 * len(names), 5.5), squeeze=False,
                              sharex=True, sharey="row")
-    for col, arm in enumerate(arms):
+    for col, arm in enumerate(names):
         g = gauges[gauges.arm == arm]
         top, bottom = axes[0][col], axes[1][col]
         top.step(g.t_s, g.requests_running, where="post", label="running")

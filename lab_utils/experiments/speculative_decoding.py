@@ -511,10 +511,10 @@ def findings(runs: pd.DataFrame, identity: pd.DataFrame, *, high_concurrency: in
     With `requests` (per-request rows) each TPOT finding carries its samples
     for a bootstrap interval. The n-gram code-edit finding answers the
     article's table row (`checklist`), with a `reason` naming its scope."""
-    arms = list(dict.fromkeys(runs.arm)) if len(runs) else []
+    names = list(dict.fromkeys(runs.arm)) if len(runs) else []
     method = dict(zip(runs.arm, runs.method)) if len(runs) else {}
-    ngram = next((a for a in arms if method[a] == "ngram"), None)
-    draft = next((a for a in arms if method[a] == "draft"), None)
+    ngram = next((a for a in names if method[a] == "ngram"), None)
+    draft = next((a for a in names if method[a] == "draft"), None)
     out: list[dict[str, Any]] = []
 
     def evidence(arm: str, workload: str, conc: int) -> str:
@@ -772,14 +772,14 @@ def plot_tpot(requests: pd.DataFrame, title: str = "TPOT per request, by workloa
         print("no requests to draw")
         return None
     panels = list(data[["workload", "concurrency"]].drop_duplicates().itertuples(index=False))
-    arms = list(dict.fromkeys(data.arm))
+    names = list(dict.fromkeys(data.arm))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False,
                              sharey=True)
     for ax, (w, c) in zip(axes[0], panels):
         d = data[(data.workload == w) & (data.concurrency == c)]
-        sns.boxplot(data=d, x="arm", y="tpot_ms", hue="arm", order=arms, hue_order=arms, ax=ax,
+        sns.boxplot(data=d, x="arm", y="tpot_ms", hue="arm", order=names, hue_order=names, ax=ax,
                     showfliers=False, legend=False)
-        sns.stripplot(data=d, x="arm", y="tpot_ms", order=arms, color="black", size=4,
+        sns.stripplot(data=d, x="arm", y="tpot_ms", order=names, color="black", size=4,
                       alpha=0.6, ax=ax)
         ax.set_title(f"{w}, concurrency {c}")
         ax.set_xlabel("arm")
@@ -787,8 +787,8 @@ def plot_tpot(requests: pd.DataFrame, title: str = "TPOT per request, by workloa
         ax.set_yscale("log")
         ax.tick_params(axis="x", rotation=25)
     from matplotlib.patches import Patch
-    palette = sns.color_palette(n_colors=len(arms))
-    fig.legend(handles=[Patch(color=palette[i], label=a) for i, a in enumerate(arms)],
+    palette = sns.color_palette(n_colors=len(names))
+    fig.legend(handles=[Patch(color=palette[i], label=a) for i, a in enumerate(names)],
                loc="upper right", fontsize="small", title="arm")
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0, 0.88, 1))
