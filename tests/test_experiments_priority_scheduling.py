@@ -119,3 +119,42 @@ def test_findings_compare_each_policy_with_fcfs_and_the_control():
         assert f["article_claim"] == pr.CLAIM and "vllm:num_preemptions_total" in f["mechanism"]
         assert not math.isnan(f["baseline"]) and not math.isnan(f["treated"])
     assert pr.findings({"fcfs": arms["fcfs"]}, table.loc[["fcfs"]]) == []
+
+
+def test_plan_declares_the_fcfs_and_the_priority_engine_with_the_same_slots():
+    from lab_utils.profiles import load_profile
+    plan = pr.plan(load_profile("cpu"), {"max_num_seqs": 4})
+    assert plan.names == ["fcfs", "priority"] and plan.problems() == []
+    assert dict(plan.baseline.flags) == {"max_num_seqs": 4}
+    assert dict(plan.arm("priority").flags) == {"max_num_seqs": 4, "scheduling_policy": "priority"}
+    assert plan.arm("priority").knob == "scheduling_policy"
+    default_slots = pr.plan(load_profile("cpu"), {"max_num_seqs": 0})
+    assert dict(default_slots.baseline.flags) == {}     # 0 = vLLM's default slot count
+
+
+class _Counted:
+    """Stands in for a measured arm: `findings` reads only its counters."""
+    def __init__(self, preemptions):
+        self.counters = {"preemptions": preemptions}
+
+
+def test_findings_read_the_table_hand_made():
+    columns = ["interactive TTFT p50", "interactive TTFT p99", "batch job done at (s)",
+               "batch held p50 (s)", "max waiting (sampled)", "max running (sampled)"]
+    table = pd.DataFrame([[2500.0, 5600.0, 8.3, 0.0, 9, 4],
+                          [310.0, 2300.0, 11.8, 0.0, 5, 4],
+                          [3300.0, 6100.0, 8.9, 0.0, 8, 4],
+                          [88.0, 149.0, 17.5, 9.2, 4, 4]],
+                         index=["fcfs", "priority", "equal priority", "admission"], columns=columns)
+    arms = {k: _Counted(0.0) for k in table.index}
+    found = {f["metric"]: f for f in pr.findings(arms, table)}
+    p99 = found["interactive TTFT p99 (ms), fcfs -> priority"]
+    assert (p99["baseline"], p99["treated"], p99["p50"]) == (5600.0, 2300.0, [2500.0, 310.0])
+    assert "fcfs: max 9 requests waiting and 4 running" in p99["mechanism"]
+    price = found["batch job done at (s), fcfs -> admission"]
+    assert (price["baseline"], price["treated"]) == (8.3, 17.5)
+    assert price["mechanism"].startswith("batch held by the client p50 9.2 s; admission: max 4")
+    control = found["interactive TTFT p99 (ms), equal -> class priorities"]
+    assert (control["baseline"], control["treated"]) == (6100.0, 2300.0)
+    assert control["technique"] == "scheduling: priority (same engine)"
+    assert len(found) == 5

@@ -3,16 +3,19 @@ with long batch requests, served first-come-first-served, with vLLM's
 `--scheduling-policy priority`, and with a client-side off-peak admission
 policy (`lab_utils.admission.OffPeakAdmission`).
 
-Arms (each one knob away from the FCFS arm):
-- `interactive alone`: the interactive requests with no batch traffic (what
-  "served at once" looks like on this engine);
+Two engines (`plan`), the same batch slots in both: `fcfs` (vLLM's default
+policy) and `priority` (`scheduling_policy="priority"`, the one knob). The
+measured arms run on them:
+- `interactive alone` (FCFS engine): the interactive requests with no batch
+  traffic (what "served at once" looks like on this engine);
 - `fcfs`: both classes, vLLM's default policy;
-- `priority`: the same requests with `priority` set (interactive 0, batch 1)
-  on an engine started with `scheduling_policy="priority"`; in vLLM a LOWER
-  value is served first (`vllm/v1/request.py`, `Request.__lt__`, and
-  `PriorityRequestQueue` in `vllm/v1/core/sched/request_queue.py`);
+- `equal priority` and `priority` (priority engine): the same requests with
+  `priority` set, all 0 (the same-engine control) and per class (interactive
+  0, batch 1); in vLLM a LOWER value is served first (`vllm/v1/request.py`,
+  `Request.__lt__`, and `PriorityRequestQueue` in
+  `vllm/v1/core/sched/request_queue.py`);
 - `admission`: the FCFS engine again, with batch requests held by the client
-  until interactive traffic is off-peak.
+  until interactive traffic is off-peak (a client change, not another engine).
 
 The mechanism is read from vLLM's /metrics during each arm: the waiting and
 running gauges (sampled every `sample_every_s`) and the preemption counter.
@@ -40,6 +43,8 @@ from ..admission import (
 from ..client import Client, RequestSpec, run_sync
 from ..counters import delta, parse_metrics, scrape, scrape_text
 from ..metrics import SLO, summarize
+from ..arms import Arm as EngineArm
+from ..arms import Plan
 from ..results import Results
 from ..server import ArmUnavailable
 from ..workloads import WARM_UP_RAMP, chat, chat_questions, warm_up
@@ -308,56 +313,79 @@ def engine_flags(max_num_seqs: int, scheduling_policy: str | None = None) -> dic
     return flags
 
 
-def fcfs_arm(ctx, workload: Workload, *, label: str, max_num_seqs: int, policy=None,
+#: The plan's engine arms: both measured arm groups run on one of these two.
+FCFS, PRIORITY = "fcfs", "priority"
+
+
+def plan(profile, params) -> Plan:
+    """The notebook's two engines, both with the notebook's `max_num_seqs`
+    slots (the contention knob): FCFS, vLLM's default order, and the priority
+    policy. The admission and interactive-alone arms reuse the FCFS engine:
+    they change what the client sends, not the server."""
+    slots = int(params.get("max_num_seqs", 4))
+    return Plan("09_priority_scheduling", (
+        EngineArm(FCFS, engine_flags(slots), title="first come, first served (vLLM's default)"),
+        EngineArm(PRIORITY, engine_flags(slots, "priority"), knob="scheduling_policy",
+                  title="--scheduling-policy priority (lower value served first)")))
+
+
+def warm_engine(ctx, name: str):
+    """The engine of the plan's arm `name`, warmed up once with the article's
+    ramp (a fresh CPU engine can stall the first time it meets a larger
+    batch, and no arm should pay for that), or None if it cannot run here."""
+    engine = ctx.arm(name)
+    if engine is not None:
+        warm_up(engine, **WARM_UP_RAMP, once=True)
+    return engine
+
+
+def fcfs_arm(ctx, workload: Workload, *, label: str, policy=None,
              slo: SLO | None = None) -> dict[str, Arm]:
     """One arm on the FCFS engine (started once, reused for every FCFS arm):
     `workload` sent at its arrival times, through `policy` if given."""
-    try:
-        engine = ctx.engine(**engine_flags(max_num_seqs))
-    except ArmUnavailable as exc:
-        ctx.results.note(f"{label}: skipped ({exc})")
-        print(f"[{label}] skipped: {exc}")
+    engine = warm_engine(ctx, FCFS)
+    if engine is None:
         return {}
-    warm_up(engine, **WARM_UP_RAMP, once=True)
     return {label: run_arm(engine, workload, label=label, policy=policy, results=ctx.results,
                            slo=slo)}
 
 
-def priority_arm(ctx, workload: Workload, *, max_num_seqs: int, slo: SLO | None = None,
+def priority_arm(ctx, workload: Workload, *, slo: SLO | None = None,
                  interactive_priority: int = INTERACTIVE_PRIORITY,
                  batch_priority: int = BATCH_PRIORITY, control: bool = True) -> dict[str, Arm]:
-    """On an engine with `scheduling_policy="priority"`: the same workload with
-    per-class `priority` (lower is served first). With `control`, first the
-    same requests all at priority 0 on the same engine: ties are served in
-    arrival order (`Request.__lt__`), i.e. FCFS, so the two arms differ only in
-    the priorities and run back to back on one server."""
-    try:
-        engine = ctx.engine(**engine_flags(max_num_seqs, "priority"))
-    except ArmUnavailable as exc:
-        ctx.results.note(f"priority arm skipped: {exc}")
-        print(f"[priority] skipped: {exc}")
+    """On the priority engine: the same workload with per-class `priority`
+    (lower is served first). With `control`, first the same requests all at
+    priority 0 on the same engine: ties are served in arrival order
+    (`Request.__lt__`), i.e. FCFS, so the two arms differ only in the
+    priorities and run back to back on one server."""
+    engine = warm_engine(ctx, PRIORITY)
+    if engine is None:
         return {}
-    warm_up(engine, **WARM_UP_RAMP, once=True)
-    arms = {}
+    out = {}
     if control:
-        arms["equal priority"] = run_arm(engine, workload.with_priorities(0, 0),
-                                         label="equal priority", results=ctx.results, slo=slo)
+        out["equal priority"] = run_arm(engine, workload.with_priorities(0, 0),
+                                        label="equal priority", results=ctx.results, slo=slo)
     w = workload.with_priorities(interactive_priority, batch_priority)
-    arms["priority"] = run_arm(engine, w, label="priority", results=ctx.results, slo=slo)
-    return arms
+    out["priority"] = run_arm(engine, w, label="priority", results=ctx.results, slo=slo)
+    return out
 
 
 def explore(ctx, *, max_num_seqs: int, batch: int, batch_tokens: int, interactive: int,
             peak_s: float, policy: str, window_s: float = 3.0, seed: int = 0) -> pd.DataFrame:
     """One arm with the widgets' settings (for the Explore section; nothing is
-    recorded in the notebook's results)."""
+    recorded in the notebook's results). The notebook's slot count reuses its
+    planned engine; another one starts an engine outside the plan."""
     w = mixed_workload(interactive=interactive, peak_s=peak_s, batch=batch,
                        batch_tokens=batch_tokens, seed=seed)
     slo = SLO(ttft_s=2.0, tpot_s=None)
+    flags = engine_flags(max_num_seqs, policy if policy == "priority" else None)
+    planned = ctx.plan.find(None, flags)
     try:
-        engine = ctx.engine(**engine_flags(max_num_seqs, policy if policy == "priority" else None))
+        engine = ctx.arm(planned) if planned else ctx.any_engine(**flags)
     except ArmUnavailable as exc:
         return pd.DataFrame({"skipped": [str(exc)]})
+    if engine is None:  # ctx.arm printed why
+        return pd.DataFrame({"skipped": [f"arm {planned.name!r} cannot run here"]})
     warm_up(engine, **WARM_UP_RAMP, once=True)
     if policy == "priority":
         w = w.with_priorities()
@@ -468,8 +496,10 @@ __all__ = [
     "BATCH",
     "BATCH_PRIORITY",
     "CLAIM",
+    "FCFS",
     "INTERACTIVE",
     "INTERACTIVE_PRIORITY",
+    "PRIORITY",
     "Arm",
     "Workload",
     "arm_row",
@@ -480,6 +510,7 @@ __all__ = [
     "fcfs_arm",
     "findings",
     "mixed_workload",
+    "plan",
     "plot_queue",
     "plot_timelines",
     "priority_arm",
@@ -487,4 +518,5 @@ __all__ = [
     "sample_gauges",
     "slot_demand",
     "vllm_source",
+    "warm_engine",
 ]
