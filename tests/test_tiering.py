@@ -251,16 +251,53 @@ def test_split_core_env_gives_each_tier_half_the_cores():
         tx.split_core_env([0])
 
 
-def test_split_cores_refuses_a_remote_profile(monkeypatch, tmp_path):
+def test_split_cores_refuses_a_remote_profile():
     from lab_utils.profiles import load_profile
-    from lab_utils.server import EnginePool
-
-    class Ctx:
-        profile = load_profile("remote", base_url="http://127.0.0.1:9")
-        engines = EnginePool(profile, log_dir=tmp_path)
-
     with pytest.raises(ConfigError, match="split_cores = False"):
-        tx.tier_engines(Ctx(), split_cores=True)
+        tx.plan(load_profile("remote", base_url="http://127.0.0.1:9"), {"split_cores": True})
+
+
+def test_plan_keeps_both_tiers_alive_and_names_what_the_small_one_changes(monkeypatch):
+    from lab_utils.arms import ROLE, env_knob
+    from lab_utils.profiles import load_profile
+    cpu = load_profile("cpu")
+    plan = tx.plan(cpu, {"split_cores": False})
+    assert plan.names == [LARGE, SMALL] and plan.problems() == [] and plan.keep == 2
+    assert plan.arm(SMALL).role == "small" and plan.arm(SMALL).knob == ROLE
+    assert not plan.baseline.env and not plan.arm(SMALL).env
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    split = tx.plan(cpu, {"split_cores": True})
+    assert dict(split.baseline.env) == {"VLLM_CPU_OMP_THREADS_BIND": "0"}
+    assert dict(split.arm(SMALL).env) == {"VLLM_CPU_OMP_THREADS_BIND": "1"}
+    assert split.arm(SMALL).knob == (ROLE, env_knob("VLLM_CPU_OMP_THREADS_BIND"))
+    assert split.problems() == []
+
+
+def test_quality_pass_scores_each_tier_with_its_confidence(monkeypatch):
+    from lab_utils.client import Run
+    # Hand-made answers to the first two questions (France -> Paris, Italy ->
+    # Rome): the large tier right on both, the small tier wrong on the second.
+    answers = {LARGE: (["Paris.", "Rome."], [[-0.1, -0.3, -5.0], [-0.2, -0.2]]),
+               SMALL: (["Paris", "Milan"], [[-0.5, -0.5], [-1.0, -2.0, -3.0]])}
+    sent = []
+
+    def fake_measure(engine, specs, load, *, label, tier, **kw):
+        sent.append(specs)
+        texts, lps = answers[tier]
+        return Run(label, "", [RequestRecord(index=i, tag=s.tag, ok=True, text=t, logprobs=lp,
+                                             output_tokens=len(lp))
+                               for i, (s, t, lp) in enumerate(zip(specs, texts, lps))], 1.0)
+
+    monkeypatch.setattr(tx, "measure", fake_measure)
+    q = tx.quality_pass({LARGE: None, SMALL: None}, questions=2, max_tokens=16, probe_tokens=2)
+    assert all(s.extra == {"logprobs": True} and s.temperature == 0.0 and s.max_tokens == 16
+               for specs in sent for s in specs)
+    assert list(q.columns) == ["tier", "id", "question", "answer", "ok", "correct",
+                               "confidence", "output_tokens"]
+    assert q.id.tolist() == ["k01", "k02", "k01", "k02"]
+    assert q.correct.tolist() == [True, True, True, False]
+    assert q.confidence.tolist() == pytest.approx([-0.2, -0.2, -0.5, -1.5])  # first 2 tokens
+    assert q.output_tokens.tolist() == [3, 2, 2, 3]
 
 
 def test_a_remote_engine_with_env_names_the_server_to_map(monkeypatch, tmp_path):
@@ -273,3 +310,42 @@ def test_a_remote_engine_with_env_names_the_server_to_map(monkeypatch, tmp_path)
     text = str(err.value)
     assert "VLLM_CPU_OMP_THREADS_BIND=0" in text and "--env" not in text
     assert '"env:VLLM_CPU_OMP_THREADS_BIND=0"' in text  # the key to map in LAB_REMOTE_ARMS
+
+
+def _timed(index: int, ttft_s: float, e2e_s: float, text: str = "", route: str = ""):
+    return RequestRecord(index=index, tag="", ok=True, ttft=ttft_s, e2e=e2e_s, output_tokens=4,
+                         text=text, route=route)
+
+
+def test_findings_hand_made():
+    from lab_utils.client import Run
+    work = tx.Workload([spec("What is the capital of France?", tag="fact"), spec("hi")],
+                       [["paris"], None])
+    # TPOT = (E2E - TTFT) / 3 with 4 output tokens.
+    runs = {"large only": Run("large only", "", [_timed(0, 0.100, 0.400, "Paris"),
+                                                 _timed(1, 0.300, 0.900)], 1.0),
+            "small only": Run("small only", "", [_timed(0, 0.040, 0.160, "Paris"),
+                                                 _timed(1, 0.060, 0.360)], 1.0),
+            "routed": Run("routed", "", [_timed(0, 0.050, 0.200, "Lyon", "small rule"),
+                                         _timed(1, 0.150, 0.750, "", "large rule")], 1.0)}
+    runs["routed"].counters = {"large": {"requests_success": 1.0},
+                               "small": {"requests_success": 1.0}}
+    arms = tx.Arms(work, tx.rule_from(), runs)
+    quality = pd.DataFrame({"tier": [LARGE, LARGE, SMALL, SMALL],
+                            "correct": [True, False, True, True]})
+    found = {f["metric"]: f for f in tx.findings(arms, quality, small_model="w8a8")}
+    ttft, tpot = found["TTFT median, routed (ms)"], found["TPOT median, routed (ms)"]
+    assert (ttft["baseline"], ttft["treated"]) == pytest.approx((200.0, 100.0))
+    assert (tpot["baseline"], tpot["treated"]) == pytest.approx((150.0, 125.0))
+    assert ttft["checklist"] == "model tiering:ttft" and tpot["checklist"] == "model tiering:tpot"
+    assert ttft["reason"] == ("50% of requests on the small tier (w8a8); facts correct: "
+                              "small 100%, large 50%")
+    assert "vLLM's request_success counters: large 1, small 1" in ttft["mechanism"]
+    assert ttft["samples"][0] == pytest.approx([100.0, 300.0])
+    upper = found["TPOT median, small only (ms)"]
+    assert (upper["baseline"], upper["treated"]) == pytest.approx((150.0, 70.0))
+    assert "checklist" not in upper
+    facts = found["fact questions correct (%)"]
+    assert (facts["baseline"], facts["treated"]) == (50.0, 100.0)
+    assert facts["mechanism"].endswith("the routed mix's scored facts: 0% correct")
+    assert len(found) == 5

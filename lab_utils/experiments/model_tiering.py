@@ -3,8 +3,8 @@ large model only, by the small model only, and routed per request by
 `lab_utils.tiering.Router`; answer quality of both tiers and of the routed
 mix on datasets/quality_questions.jsonl.
 
-Tiers are two engines of the profile running side by side: the main model
-(large) and the profile's `small` role. On the `cpu` profile the small tier is
+Tiers are two engines of the profile running side by side (`plan`: two arms
+alive together): the main model (large) and the profile's `small` role. On the `cpu` profile the small tier is
 the embedded model's W8A8-INT8 copy built by `lab_utils.quantize` (the only
 smaller derivative that still answers: cut copies lose nearly every answer);
 on `gpu` it is Qwen2.5-1.5B-Instruct beside Qwen2.5-7B-Instruct; on `remote`
@@ -12,21 +12,25 @@ map a second server to the `small` role (`LAB_REMOTE_ARMS`).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from .. import arms
+from ..arms import ROLE
 from ..client import Load, RequestRecord, RequestSpec
 from ..counters import delta, scrape
 from ..host import EngineCPU
 from ..metrics import percentile_stats, records_frame
-from ..profiles import ConfigError
+from ..profiles import ConfigError, Profile
+from ..quality import answer_specs, answers_frame
 from ..results import Results, measure
 from ..tiering import LARGE, SMALL, Router, TieredClient, TierRule, confidence, tier_of
 from ..workloads import (
@@ -48,6 +52,11 @@ ARMS = ("large only", "small only", "routed")
 # Engines and workload
 # --------------------------------------------------------------------------
 
+#: The profile role that serves the small tier (`[models] small = ...`).
+SMALL_ROLE = "small"
+BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
 def split_core_env(cores: Sequence[int] | None = None) -> dict[str, dict[str, str]]:
     """Per-tier `VLLM_CPU_OMP_THREADS_BIND`: the large tier gets the first half
     of this process's cores, the small tier the rest."""
@@ -56,24 +65,46 @@ def split_core_env(cores: Sequence[int] | None = None) -> dict[str, dict[str, st
     if len(cores) < 2:
         raise ConfigError(f"split_cores needs at least 2 cores; this process may use {cores}")
     half = len(cores) // 2
-    return {tier: {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in part)}
+    return {tier: {BIND: ",".join(str(c) for c in part)}
             for tier, part in ((LARGE, cores[:half]), (SMALL, cores[half:]))}
 
 
-def tier_engines(ctx, split_cores: bool = False) -> dict[str, Any]:
-    """Both tiers' engines, running side by side (the pool keeps two). With
-    `split_cores` (cpu device) each engine's threads are bound to its own half
-    of the cores instead of both using all of them."""
-    ctx.engines.keep = max(ctx.engines.keep, 2)
-    env: dict[str, dict[str, str]] = {LARGE: {}, SMALL: {}}
-    if split_cores:
-        if ctx.profile.device != "cpu" or ctx.profile.is_remote:
-            raise ConfigError("split_cores binds vLLM's CPU threads (VLLM_CPU_OMP_THREADS_BIND); "
-                              f"profile {ctx.profile.name!r} is not a local CPU engine: "
-                              "set split_cores = False")
-        env = split_core_env()
-    return {LARGE: ctx.engine(env=env[LARGE] or None),
-            SMALL: ctx.engine("small", env=env[SMALL] or None)}
+def tier_env(profile: Profile, split_cores: bool = False) -> dict[str, dict[str, str]]:
+    """Each tier's extra server environment: none (both engines use every core,
+    as vLLM does unless told otherwise), or with `split_cores` (local CPU
+    engines only) each bound to its own half of the cores."""
+    if not split_cores:
+        return {LARGE: {}, SMALL: {}}
+    if profile.device != "cpu" or profile.is_remote:
+        raise ConfigError(f"split_cores binds vLLM's CPU threads ({BIND}); profile "
+                          f"{profile.name!r} is not a local CPU engine: set split_cores = False")
+    return split_core_env()
+
+
+def plan(profile: Profile, params: Mapping[str, Any]) -> arms.Plan:
+    """The two tiers, alive at once (the routed arm alternates between them):
+    the profile's main model (large, the baseline) and its `small` role."""
+    env = tier_env(profile, bool(params.get("split_cores", False)))
+    # With split_cores the small tier also gets the other half of the cores:
+    # both tiers run at the same time, so it cannot share the large one's
+    # binding. Two knobs by design, declared together.
+    knob = (ROLE, arms.env_knob(BIND)) if env[SMALL] else ROLE
+    return arms.Plan("11_model_tiering", (
+        arms.Arm(LARGE, env=env[LARGE], title="large tier: the profile's model"),
+        arms.Arm(SMALL, role=SMALL_ROLE, env=env[SMALL], knob=knob,
+                 title=f"small tier: the profile's {SMALL_ROLE!r} role")),
+        together=((LARGE, SMALL),))
+
+
+def tier_engines(ctx) -> dict[str, Any]:
+    """Both tiers' engines (the plan's arms), running side by side (the plan
+    keeps two alive); ConfigError if this target cannot serve one of them."""
+    engines = {tier: ctx.arm(tier) for tier in TIERS}
+    missing = [tier for tier, engine in engines.items() if engine is None]
+    if missing:
+        raise ConfigError(f"model tiering needs both tiers; {missing} cannot run on profile "
+                          f"{ctx.profile.name!r} (the note above says why)")
+    return engines
 
 
 @dataclass
@@ -153,25 +184,21 @@ def routing_plan(router: Router, work: Workload) -> pd.DataFrame:
 def quality_pass(engines: dict[str, Any], *, questions: int = 40, max_tokens: int = 32,
                  probe_tokens: int = 8, concurrency: int = 8, results: Results | None = None,
                  progress: bool = True) -> pd.DataFrame:
-    """Each tier answers the fact questions (greedy, a few in flight: answers
-    do not depend on timing) with per-token log-probs. One row per (tier,
-    question): the answer, whether it is correct, and the mean log-prob of its
-    first `probe_tokens` tokens (the router's confidence signal)."""
-    specs, expected = fact_specs(questions, max_tokens)
-    specs = [RequestSpec(messages=s.messages, max_tokens=s.max_tokens, tag="fact",
-                         extra={"logprobs": True}) for s in specs]
-    qs = quality_questions()
-    rows = []
+    """Each tier answers the first `questions` quality questions (greedy,
+    `lab_utils.quality.answer_specs`, a few in flight: answers do not depend on
+    timing) with per-token log-probs. One row per (tier, question): the
+    answer, whether it is correct, and the mean log-prob of its first
+    `probe_tokens` tokens (the router's confidence signal)."""
+    specs = [dataclasses.replace(s, extra={"logprobs": True})
+             for s in answer_specs(questions, max_tokens)]
+    frames = []
     for tier in TIERS:
         run = measure(engines[tier], specs, Load.concurrent(concurrency),
                       label=f"quality/{tier}", results=results, progress=progress, tier=tier)
-        for r in run.records:
-            rows.append({"tier": tier, "id": qs[r.index]["id"], "question": qs[r.index]["question"],
-                         "answer": r.text, "ok": r.ok,
-                         "correct": answer_is_correct(r.text, expected[r.index]),
-                         "confidence": confidence(r.logprobs, probe_tokens),
-                         "output_tokens": r.output_tokens})
-    return pd.DataFrame(rows)
+        frames.append(answers_frame(run.records, tier=tier).assign(
+            confidence=[confidence(r.logprobs, probe_tokens) for r in run.records],
+            output_tokens=[r.output_tokens for r in run.records]))
+    return pd.concat(frames, ignore_index=True)
 
 
 def answers_side_by_side(quality: pd.DataFrame) -> pd.DataFrame:
@@ -490,6 +517,7 @@ __all__ = [
     "mechanism",
     "mixed_workload",
     "model_name",
+    "plan",
     "plot_confidence",
     "plot_latency",
     "quality_pass",
@@ -501,4 +529,5 @@ __all__ = [
     "summary",
     "threshold_sweep",
     "tier_engines",
+    "tier_env",
 ]
