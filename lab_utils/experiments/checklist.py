@@ -1,19 +1,31 @@
 """Experiments of `12_checklist`: every helpful technique combined against an
 everything-off baseline on one realistic mixed workload, a goodput-vs-rate
-sweep for both, and the one-page summary figure."""
+sweep for both, and the one-page summary figure.
+
+The two engines (`plan`) are the baseline and the combined configuration; the
+combined arm's flags depend on the findings the checklist reads (only the
+techniques that helped on this machine are turned on), so the plan reads them
+too, from the same folder as the notebook."""
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
 
+from .. import arms
 from ..article_table import checklist_table
 from ..client import Load, RequestSpec
 from ..metrics import SLO
+from ..paths import NOTEBOOKS_DIR
+from ..profiles import Profile
 from ..results import Results, measure
 from ..workloads import (chat, chat_questions, code_edit_prompts, long_documents,
                          system_prompts)
+
+BASELINE, COMBINED = "baseline", "combined"
 
 #: Checklist rows whose technique is a plain engine flag set, and those flags.
 TECHNIQUE_FLAGS: dict[str, dict[str, Any]] = {
@@ -44,6 +56,48 @@ def combined_flags(checklist: pd.DataFrame, max_model_len: int) -> tuple[dict[st
             flags.update(extra)
             chosen.append(row)
     return flags, chosen
+
+
+def findings_source(params: Mapping[str, Any]) -> Path:
+    """The results folder whose findings fill the checklist: `findings_dir`, or
+    this run's `results_dir` (relative ones from the notebooks folder, as
+    `lab.setup` resolves `results_dir`)."""
+    folder = Path(params.get("findings_dir") or params.get("results_dir", "results"))
+    return folder if folder.is_absolute() else (NOTEBOOKS_DIR / folder).resolve()
+
+
+def plan(profile: Profile, params: Mapping[str, Any],
+         checklist: pd.DataFrame | None = None) -> arms.Plan:
+    """The baseline (`baseline_flags` for the profile's max_model_len) and the
+    combined configuration (`combined_flags` of the checklist read from
+    `findings_source(params)`, or `checklist`). When nothing helped, the
+    combined arm would be the baseline engine again: it is left out, with a note."""
+    max_len = int(profile.engine.get("max_model_len", 4096))
+    if checklist is None:
+        checklist = checklist_table(findings_source(params))
+    flags, chosen = combined_flags(checklist, max_len)
+    baseline = arms.Arm(BASELINE, baseline_flags(max_len),
+                        title="everything the article recommends switched off")
+    if not chosen:
+        return arms.Plan("12_checklist", (baseline,), notes=(
+            f"arm {COMBINED!r} left out: no flag technique ({', '.join(TECHNIQUE_FLAGS)}) "
+            "helped in the findings read, so it would equal the baseline",))
+    # The article's combined checklist: every technique that helped, turned on
+    # at once. It changes several knobs against the baseline by design: that
+    # comparison is this notebook's point.
+    knob = tuple(name for row in chosen for name in TECHNIQUE_FLAGS[row])
+    combined = arms.Arm(COMBINED, flags, knob=knob, title="combined: " + ", ".join(chosen))
+    return arms.Plan("12_checklist", (baseline, combined))
+
+
+def chosen_techniques(plan: arms.Plan) -> list[str]:
+    """The checklist rows whose flags the plan's combined arm turns on ([]
+    when the plan has no combined arm)."""
+    if COMBINED not in plan.names:
+        return []
+    flags = plan.arm(COMBINED).flags
+    return [row for row, extra in TECHNIQUE_FLAGS.items()
+            if all(flags.get(k) == v for k, v in extra.items())]
 
 
 def mixed_workload(n: int, *, seed: int = 0, long_share: float = 0.15,
@@ -92,6 +146,50 @@ def goodput_sweep(engine, arm: str, rates: Sequence[float], requests_per_rate: i
                      "preemptions": run.counters["preemptions"]})
         frames.append(run.frame().assign(arm=arm, rate=rate))
     return pd.DataFrame(rows), pd.concat(frames, ignore_index=True)
+
+
+def sweep_arms(ctx, rates: Sequence[float], requests_per_rate: int, *, seed: int = 0,
+               progress: bool = True) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """`goodput_sweep` on each arm of the plan, the combined arm first so the
+    baseline engine is still up for the cross-check after it. Returns (one row
+    per arm and rate, one row per request), None when no arm ran."""
+    order = [a for a in (COMBINED, BASELINE) if a in ctx.plan.names]
+    got = arms.run(ctx, order, lambda a, engine: goodput_sweep(
+        engine, a.name, rates, requests_per_rate, seed=seed, results=ctx.results,
+        progress=progress))
+    if not got:
+        return None, None
+    sweep = pd.concat([rows for rows, _ in got.values()], ignore_index=True)
+    return (sweep.sort_values(["arm", "rate"], ignore_index=True),
+            pd.concat([reqs for _, reqs in got.values()], ignore_index=True))
+
+
+def findings(sweep: pd.DataFrame | None, chosen: Sequence[str]) -> list[dict[str, Any]]:
+    """`Results.add_finding` arguments: the combined configuration against the
+    baseline at the highest rate of the sweep (p99 TTFT and TPOT, goodput),
+    with the combined arm's prefix-cache hit rate and speculative acceptance
+    as the mechanism; none unless both arms ran."""
+    if sweep is None or set(sweep.arm) != {BASELINE, COMBINED}:
+        return []
+    top = sweep.rate.max()
+    b, c = (sweep[(sweep.arm == a) & (sweep.rate == top)].iloc[0] for a in (BASELINE, COMBINED))
+    return [{"technique": "combined configuration",
+             "metric": f"{metric} at {top} req/s, mixed workload",
+             "baseline": b[metric], "treated": c[metric],
+             "article_claim": "the checklist's techniques combine",
+             "mechanism": f"combined = {list(chosen)}; prefix-cache hit rate "
+                          f"{c.prefix_cache_hit_rate or 0:.0%}, spec acceptance "
+                          f"{c.spec_acceptance or 0:.0%}"}
+            for metric in ("ttft_ms_p99", "tpot_ms_p99", "goodput")]
+
+
+def explore(ctx, arm: str, rates: Sequence[float], requests_per_rate: int, *,
+            seed: int = 0) -> pd.DataFrame | None:
+    """The goodput sweep of one planned arm at other rates (not recorded)."""
+    engine = ctx.arm(arm)
+    if engine is None:  # ctx.arm printed why
+        return None
+    return goodput_sweep(engine, arm, list(rates), requests_per_rate, seed=seed)[0]
 
 
 def summary_figure(checklist: pd.DataFrame, sweep: pd.DataFrame, crosscheck: dict | None = None,
@@ -155,5 +253,6 @@ def summary_figure(checklist: pd.DataFrame, sweep: pd.DataFrame, crosscheck: dic
     return fig
 
 
-__all__ = ["TECHNIQUE_FLAGS", "baseline_flags", "combined_flags", "mixed_workload",
-           "goodput_sweep", "summary_figure", "checklist_table"]
+__all__ = ["BASELINE", "COMBINED", "TECHNIQUE_FLAGS", "baseline_flags", "checklist_table",
+           "chosen_techniques", "combined_flags", "explore", "findings", "findings_source",
+           "goodput_sweep", "mixed_workload", "plan", "summary_figure", "sweep_arms"]
