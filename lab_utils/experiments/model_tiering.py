@@ -4,11 +4,12 @@ large model only, by the small model only, and routed per request by
 mix on datasets/quality_questions.jsonl.
 
 Tiers are two engines of the profile running side by side (`plan`: two arms
-alive together): the main model (large) and the profile's `small` role. On the `cpu` profile the small tier is
-the embedded model's W8A8-INT8 copy built by `lab_utils.quantize` (the only
-smaller derivative that still answers: cut copies lose nearly every answer);
-on `gpu` it is Qwen2.5-1.5B-Instruct beside Qwen2.5-7B-Instruct; on `remote`
-map a second server to the `small` role (`LAB_REMOTE_ARMS`).
+alive together): the main model (large) and the profile's `small` role. On
+the `cpu` profile the small tier is the embedded model's W8A8-INT8 copy built
+by `lab_utils.quantize` (the only smaller derivative that still answers: cut
+copies lose nearly every answer); on `gpu` it is Qwen2.5-1.5B-Instruct beside
+Qwen2.5-7B-Instruct; on `remote` map a second server to the `small` role
+(`LAB_REMOTE_ARMS`).
 """
 from __future__ import annotations
 
