@@ -363,5 +363,5 @@ def test_unavailable_arms_are_skipped_with_a_note(tmp_path):
 
 def test_vllm_source_reads_the_installed_files():
     text = cp.vllm_source("config/scheduler.py", "def verify_max_model_len", 6)
-    assert text.startswith("vllm/config/scheduler.py:") and "max_num_batched_tokens" in text
+    assert text.startswith("# vllm ") and "vllm/config/scheduler.py\n" in text and "max_num_batched_tokens" in text
     assert "no line containing" in cp.vllm_source("config/scheduler.py", "no such line here")

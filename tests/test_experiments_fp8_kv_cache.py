@@ -291,7 +291,7 @@ def test_cpu_backend_dtypes_match_installed_vllm():
         pytest.skip(text)
     for name in kv.CPU_KV_CACHE_DTYPES:
         assert f'"{name}"' in text
-    assert "no line with" in kv.vllm_source("platforms/cpu.py", "no such line anywhere", 3)
+    assert "no line containing" in kv.vllm_source("platforms/cpu.py", "no such line anywhere", 3)
 
 
 def test_findings_cite_the_baseline_and_the_first_fp8_arm(tmp_path):

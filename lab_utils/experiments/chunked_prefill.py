@@ -37,7 +37,7 @@ from .. import arms
 from ..client import Client, Load, RequestRecord, RequestSpec, Run
 from ..host import host_load
 from ..results import Results, measure
-from ..server import ArmUnavailable
+from ..vllm_code import vllm_source
 from ..workloads import chat_specs, synthetic_specs, tokenizer_for
 
 SHORT, LONG = "short", "long"
@@ -439,14 +439,7 @@ def explore_arm(ctx, budget: int, threshold: int = 0, **workload_kw: Any) -> pd.
     a = sweep_arm(ctx.profile, chunked, int(budget) if chunked else None,
                   int(threshold) if chunked else 0)
     declared = ctx.plan.find(a.role, a.flags, a.env)
-    if declared is not None:
-        engine = ctx.arm(declared)
-    else:
-        try:
-            engine = ctx.any_engine(**dict(a.flags))
-        except ArmUnavailable as exc:
-            print(f"[{a.name}] cannot run here: {exc}")
-            engine = None
+    engine = ctx.arm(declared) if declared is not None else ctx.any_engine(**dict(a.flags))
     if engine is None:
         return sweep_table({})
     run = run_arm(engine, mixed_workload(engine, **workload_kw), declared or a,
@@ -570,22 +563,6 @@ MECHANISM_COLUMNS = ["max_prefill_tokens_per_step", "max_step_ms", "prefill_step
 # --------------------------------------------------------------------------
 # Reading the installed vLLM's source (without importing vLLM)
 # --------------------------------------------------------------------------
-
-def vllm_source(relpath: str, start: str, lines: int = 12) -> str:
-    """`lines` lines of the installed vLLM's `relpath` from the first line
-    containing `start`, numbered, or a note when vLLM is not installed here."""
-    import importlib.util
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return f"(vLLM is not installed in this kernel: cannot show {relpath})"
-    path = Path(list(spec.submodule_search_locations)[0]) / relpath
-    text = path.read_text().splitlines()
-    for i, line in enumerate(text):
-        if start in line:
-            body = "\n".join(f"{i + 1 + k:5d}  {t}" for k, t in enumerate(text[i:i + lines]))
-            return f"vllm/{relpath}:\n{body}"
-    return f"(no line containing {start!r} in vllm/{relpath})"
-
 
 # --------------------------------------------------------------------------
 # Figures

@@ -54,7 +54,8 @@ from ..quality import (
     token_logprobs,
 )
 from ..results import Results, measure
-from ..server import ArmUnavailable, EnginePool
+from ..server import EnginePool
+from ..vllm_code import vllm_source
 from ..workloads import synthetic_specs, tokenizer_for, warm_up
 
 #: What vLLM's CPU attention backend accepts (`CPUAttentionBackend.supported_kv_cache_dtypes`).
@@ -711,22 +712,6 @@ def arm_notes(result: ArmsResult) -> list[str]:
             f"preemptions {result.pressure.preemptions[arm]:.0f}" for arm in result.arms]
 
 
-def vllm_source(relpath: str, start: str, lines: int = 8) -> str:
-    """`lines` lines of the installed vLLM's `relpath`, from the first line that
-    contains `start` (read as text; vLLM is not imported)."""
-    import importlib.util
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return f"(vLLM is not installed here: cannot show {relpath})"
-    path = Path(spec.submodule_search_locations[0]) / relpath
-    text = path.read_text().splitlines()
-    for i, line in enumerate(text):
-        if start in line:
-            body = "\n".join(f"{i + 1 + k:5d}  {t}" for k, t in enumerate(text[i:i + lines]))
-            return f"# vllm/{relpath}\n{body}"
-    return f"(no line with {start!r} in vllm/{relpath}: the installed version differs)"
-
-
 # --------------------------------------------------------------------------
 # Explore
 # --------------------------------------------------------------------------
@@ -743,11 +728,8 @@ def explore_pressure(ctx, kv_cache_dtype: str, concurrency: int, *, requests: in
         use_kv_budget(ctx, kv_cache_gib)
     flags = arm_flags(kv_cache_dtype, gib_to_bytes(kv_cache_gib), max_model_len)
     planned = ctx.plan.find(None, flags)
-    try:  # the notebook's own arm when it is one, else an engine outside the plan
-        engine = ctx.arm(planned) if planned is not None else ctx.any_engine(**flags)
-    except ArmUnavailable as exc:
-        print(f"arm {kv_cache_dtype!r} unavailable: {exc}")
-        return pd.DataFrame()
+    # the notebook's own arm when it is one, else an engine outside the plan
+    engine = ctx.arm(planned) if planned is not None else ctx.any_engine(**flags)
     if engine is None:
         return pd.DataFrame()
     row, _, _ = pressure_run(engine, kv_cache_dtype, requests=max(requests, concurrency),

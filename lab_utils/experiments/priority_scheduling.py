@@ -46,7 +46,7 @@ from ..metrics import SLO, summarize
 from ..arms import Arm as EngineArm
 from ..arms import Plan
 from ..results import Results
-from ..server import ArmUnavailable
+from ..vllm_code import vllm_source
 from ..workloads import WARM_UP_RAMP, chat, chat_questions, warm_up
 
 #: vLLM serves the LOWER priority value first.
@@ -143,28 +143,6 @@ def slot_demand(workload: Workload, service_s: dict[str, float], slots: int,
     demand = sum(service_s.get(s.tag, 0.0) for s, at in zip(workload.specs, workload.offsets)
                  if at <= window_s)
     return demand / (slots * window_s)
-
-
-def vllm_source(relative: str, marker: str, lines: int = 12) -> str:
-    """`lines` lines of the installed vLLM's `relative` source file from the
-    first line containing `marker` (read as text: vLLM is not imported)."""
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return "(vLLM is not installed in this environment)"
-    path = Path(spec.submodule_search_locations[0]) / relative
-    text = path.read_text().splitlines()
-    at = next((i for i, line in enumerate(text) if marker in line), None)
-    if at is None:
-        return f"({marker!r} not found in {path})"
-    body = "\n".join(f"{at + 1 + k:5d}  {line}" for k, line in enumerate(text[at:at + lines]))
-    from ..profiles import ConfigError, vllm_version
-    try:
-        version = f" {vllm_version()}"
-    except ConfigError:
-        version = ""
-    return f"# vllm{version}: vllm/{relative}\n{body}"
 
 
 # --------------------------------------------------------------------------
@@ -380,12 +358,9 @@ def explore(ctx, *, max_num_seqs: int, batch: int, batch_tokens: int, interactiv
     slo = SLO(ttft_s=2.0, tpot_s=None)
     flags = engine_flags(max_num_seqs, policy if policy == "priority" else None)
     planned = ctx.plan.find(None, flags)
-    try:
-        engine = ctx.arm(planned) if planned else ctx.any_engine(**flags)
-    except ArmUnavailable as exc:
-        return pd.DataFrame({"skipped": [str(exc)]})
-    if engine is None:  # ctx.arm printed why
-        return pd.DataFrame({"skipped": [f"arm {planned.name!r} cannot run here"]})
+    engine = ctx.arm(planned) if planned else ctx.any_engine(**flags)
+    if engine is None:  # ctx.arm / ctx.any_engine printed why
+        return pd.DataFrame({"skipped": ["this engine cannot run on the target"]})
     warm_up(engine, **WARM_UP_RAMP, once=True)
     if policy == "priority":
         w = w.with_priorities()

@@ -45,7 +45,6 @@ from ..counters import scrape_text
 from ..host import host_load
 from ..profiles import ConfigError, Profile
 from ..results import Results, measure
-from ..server import ArmUnavailable
 from ..workloads import chat_specs, code_edit_specs
 
 #: The n-gram window of the article-style prompt-lookup arm (vLLM's default is 5..5).
@@ -707,13 +706,7 @@ def explore_engine(ctx, arm: SpecArm):
     (`ctx.any_engine`); None (printed) when the target cannot serve it."""
     ensure_draft(arm)
     planned = ctx.plan.find(None, arm.flags)
-    if planned is not None:
-        return ctx.arm(planned)
-    try:
-        return ctx.any_engine(**arm.flags)
-    except ArmUnavailable as exc:
-        print(f"arm {arm.name!r} unavailable: {exc}")
-        return None
+    return ctx.arm(planned) if planned is not None else ctx.any_engine(**arm.flags)
 
 
 def explore_arm(ctx, method: str, k: int, workload: str, concurrency: int, *,
