@@ -78,6 +78,18 @@ class Capacity:
                 f" {self.requests} requests); measured in {self.seconds:.0f} s")
 
 
+def sweep_rates(capacities: Sequence[Capacity], k: int, *, lowest: float = 0.2,
+                beyond: float = 1.3) -> list[float]:
+    """One rate grid for several engines on the same workload (so their goodput
+    curves share the x axis): `k` rates from `lowest` x the lowest light-load
+    rate of any of them to `beyond` x the highest saturation throughput."""
+    if not capacities:
+        raise ValueError("no capacity measured: nothing to place rates for")
+    lo = min(c.rates(2, lowest=lowest, beyond=beyond)[0] for c in capacities)
+    hi = max(c.rates(2, lowest=lowest, beyond=beyond)[-1] for c in capacities)
+    return [float(f"{r:.3g}") for r in np.linspace(lo, hi, k)]
+
+
 def _cache_key(engine, workload: str) -> str:
     from .machine import fingerprint, machine_info
     flags = json.dumps({"label": engine.label, "model": engine.model,
@@ -145,7 +157,7 @@ def measure_capacity(engine, make_specs: Callable[[int, int], Sequence[RequestSp
 
 def _record(results, cap: Capacity, *, cached: bool) -> None:
     if results is not None:
-        results.data.setdefault("capacity", {})[cap.workload] = {
+        results.data.setdefault("capacity", {})[f"{cap.engine} | {cap.workload}"] = {
             **asdict(cap), "sync_rate": cap.sync_rate, "cached": cached}
         results.save()
 
@@ -196,4 +208,5 @@ def knee_ratio_ci(base: Mapping[float, Sequence[bool]], treated: Mapping[float, 
     return point, float(lo), float(hi)
 
 
-__all__ = ["DEFAULT_TARGET", "Capacity", "goodput_knee", "knee_ratio_ci", "measure_capacity"]
+__all__ = ["DEFAULT_TARGET", "Capacity", "goodput_knee", "knee_ratio_ci", "measure_capacity",
+           "sweep_rates"]

@@ -9,7 +9,13 @@ import time
 import pytest
 from fake_openai import SLOT_S, SLOTS
 
-from lab_utils.capacity import Capacity, goodput_knee, knee_ratio_ci, measure_capacity
+from lab_utils.capacity import (
+    Capacity,
+    goodput_knee,
+    knee_ratio_ci,
+    measure_capacity,
+    sweep_rates,
+)
 from lab_utils.client import RequestSpec
 from lab_utils.profiles import load_profile
 from lab_utils.server import Engine
@@ -78,3 +84,12 @@ def test_knee_ratio_and_its_interval():
     assert lo <= ratio <= hi and hi - lo < 1.0
     ratio, lo, hi = knee_ratio_ci({1.0: [False] * 5}, treated, resamples=50)
     assert math.isnan(ratio) and math.isnan(lo)
+
+
+def test_one_grid_for_two_engines_spans_both():
+    slow = Capacity(sync_e2e_s=1.0, max_rate=2.0, concurrency=8, requests=16, seconds=3)
+    fast = Capacity(sync_e2e_s=0.5, max_rate=6.0, concurrency=8, requests=16, seconds=3)
+    # from 0.2 x 1 req/s (the slow one's idle rate) to 1.3 x 6 req/s (the fast one's throughput)
+    assert sweep_rates([slow, fast], 3) == [0.2, 4.0, 7.8]
+    with pytest.raises(ValueError):
+        sweep_rates([], 3)

@@ -1,8 +1,9 @@
 """Experiments of 12_checklist: the plan's baseline and combined arms from a
 checklist table, and the combined configuration's findings (no vLLM needed)."""
-import math
-
 import pandas as pd
+import pytest
+
+from lab_utils.capacity import Capacity
 
 from lab_utils.experiments import checklist as combo
 from lab_utils.paths import NOTEBOOKS_DIR
@@ -43,25 +44,35 @@ def test_findings_source_is_findings_dir_or_this_runs_results(tmp_path):
     assert combo.findings_source({"results_dir": "r", "findings_dir": str(tmp_path)}) == tmp_path
 
 
-def test_findings_compare_the_top_rate_hand_made():
-    sweep = pd.DataFrame({
-        "arm": ["baseline", "baseline", "combined", "combined"], "rate": [0.25, 1.0, 0.25, 1.0],
-        "ttft_ms_p99": [900.0, 4000.0, 300.0, 1000.0], "tpot_ms_p99": [40.0, 60.0, 35.0, 45.0],
-        "goodput": [0.25, 0.5, 0.25, 0.9], "prefix_cache_hit_rate": [0.0, 0.0, 0.5, 0.75],
-        "spec_acceptance": [None, None, None, math.nan]})
-    found = combo.findings(sweep, ["prefix caching"])
-    assert [(f["metric"], f["baseline"], f["treated"]) for f in found] == [
-        ("ttft_ms_p99 at 1.0 req/s, mixed workload", 4000.0, 1000.0),
-        ("tpot_ms_p99 at 1.0 req/s, mixed workload", 60.0, 45.0),
-        ("goodput at 1.0 req/s, mixed workload", 0.5, 0.9)]
+def test_findings_compare_the_knees_hand_made():
+    # baseline: all 4 requests met at 0.5 req/s, 2 of 4 at 1.0 -> crosses 0.9 at
+    # 0.5 + 0.1/0.5 x 0.5 = 0.6; combined: all met at 1.0, 1 of 4 at 2.0 -> 1.0 + 0.1/0.75 = 1.133
+    met = {("baseline", 0.5): [1, 1, 1, 1], ("baseline", 1.0): [1, 1, 0, 0],
+           ("combined", 1.0): [1, 1, 1, 1], ("combined", 2.0): [1, 0, 0, 0]}
+    sweep = pd.DataFrame([{"arm": a, "rate": r, "slo_met_fraction": sum(v) / len(v),
+                           "goodput": r * sum(v) / len(v), "prefix_cache_hit_rate": 0.5,
+                           "spec_acceptance": None} for (a, r), v in met.items()])
+    requests = pd.DataFrame([{"arm": a, "rate": r, "slo_met": bool(x)}
+                             for (a, r), v in met.items() for x in v])
+    caps = {a: Capacity(sync_e2e_s=e2e, max_rate=mx, concurrency=8, requests=16, seconds=9)
+            for a, e2e, mx in (("baseline", 2.0, 0.8), ("combined", 0.5, 1.6))}
+    knee, throughput, sync = combo.findings(sweep, ["prefix caching"], requests, caps)
+    assert knee["baseline"] == pytest.approx(0.6) and knee["treated"] == pytest.approx(1 + 0.4 / 3)
+    assert knee["knee_ratio"] == pytest.approx((1 + 0.4 / 3) / 0.6)
+    lo, hi = knee["knee_ratio_ci95"]
+    assert lo <= knee["knee_ratio"] <= hi
+    assert knee["knee_passed"] == {"baseline": True, "combined": True}
+    assert knee["mechanism"].startswith("combined = ['prefix caching']; prefix-cache hit rate 50%")
+    assert (throughput["baseline"], throughput["treated"]) == (0.8, 1.6)
+    assert (sync["baseline"], sync["treated"]) == (2000.0, 500.0)
     assert all(f["technique"] == "combined configuration"
-               and f["article_claim"] == "the checklist's techniques combine" for f in found)
-    assert found[0]["mechanism"].startswith("combined = ['prefix caching']; prefix-cache hit "
-                                            "rate 75%, spec acceptance ")
+               and f["article_claim"] == "the checklist's techniques combine"
+               for f in (knee, throughput, sync))
+    # One arm alone: nothing to compare.
     assert combo.findings(sweep[sweep.arm == "baseline"], []) == []
-    assert combo.findings(None, []) == []
 
 
-def test_one_technique_is_a_combination_of_one():
-    plan = combo.plan(load_profile("cpu"), {}, verdicts(**{"chunked prefill": "partly"}))
-    assert plan.arm("combined").knob == ("enable_chunked_prefill",) and plan.problems() == []
+def test_knees_say_when_the_sweep_never_passed_the_knee():
+    sweep = pd.DataFrame({"arm": ["a", "a"], "rate": [1.0, 2.0], "slo_met_fraction": [1.0, 1.0]})
+    k = combo.knees(sweep)
+    assert k.loc["a", "knee_rate"] == 2.0 and not k.loc["a", "passed_the_knee"]

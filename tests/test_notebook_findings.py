@@ -247,3 +247,28 @@ def test_12_every_row_of_the_article_has_a_verdict_or_a_reason(smoke_results):
     if answering <= set(smoke_results[1]):
         missing = [key for key, r in rows.items() if r["verdict"] == "missing"]
         assert not missing, missing
+
+
+def test_12_sweeps_each_arm_from_its_measured_capacity_to_past_it(smoke_results):
+    data = results_of(smoke_results, "12_checklist")
+    if data["parameters"].get("rates"):
+        pytest.skip("fixed rates were given")
+    caps = list(data.get("capacity", {}).values())
+    assert len(caps) == len(data["plan"]["arms"]) - len(data.get("skipped_arms", {}))
+    assert all(cap["max_rate"] > 0 and cap["sync_rate"] > 0 for cap in caps)
+    # Each arm's sweep starts below its idle rate and ends past its saturation.
+    swept = {}
+    for label in data["arms"]:
+        if ",rate=" in label:
+            arm, rate = label.rsplit(",rate=", 1)
+            swept.setdefault(arm, []).append(float(rate))
+    by_engine = {c["engine"]: c for c in caps}
+    engines = {e["arm"]: e["label"] for e in data["engines"]}
+    for arm, rates in swept.items():
+        cap = by_engine[engines[arm]]
+        assert min(rates) < min(cap["sync_rate"], cap["max_rate"]), (arm, rates, cap)
+        assert max(rates) > cap["max_rate"], (arm, rates, cap)
+    if {"baseline", "combined"} <= set(swept):
+        knee = [f for f in data["findings"] if f["metric"].startswith("goodput knee")]
+        noted = [n for n in data["notes"] if "goodput knee" in n]
+        assert knee or noted, "the knee finding is neither recorded nor noted"

@@ -8,6 +8,7 @@ techniques that helped on this machine are turned on), so the plan reads them
 too, from the same folder as the notebook."""
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +18,13 @@ import pandas as pd
 
 from .. import arms
 from ..article_table import checklist_table
+from ..capacity import (
+    DEFAULT_TARGET,
+    Capacity,
+    goodput_knee,
+    knee_ratio_ci,
+    measure_capacity,
+)
 from ..client import Load, RequestSpec
 from ..metrics import SLO
 from ..paths import NOTEBOOKS_DIR
@@ -129,7 +137,7 @@ def goodput_sweep(engine, arm: str, rates: Sequence[float], requests_per_rate: i
                   seed: int = 0, slo: SLO | None = None, results: Results | None = None,
                   progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The mixed workload at each Poisson request rate: (one row per rate,
-    one row per request)."""
+    one row per request, with `slo_met`)."""
     slo = slo or SLO()
     rows, frames = [], []
     for rate in rates:
@@ -144,43 +152,111 @@ def goodput_sweep(engine, arm: str, rates: Sequence[float], requests_per_rate: i
                      "prefix_cache_hit_rate": run.counters["prefix_cache_hit_rate"],
                      "spec_acceptance": run.counters["spec_decode_acceptance_rate"],
                      "preemptions": run.counters["preemptions"]})
-        frames.append(run.frame().assign(arm=arm, rate=rate))
+        frames.append(run.frame().assign(arm=arm, rate=rate,
+                                         slo_met=[slo.met(r) for r in run.records]))
     return pd.DataFrame(rows), pd.concat(frames, ignore_index=True)
 
 
-def sweep_arms(ctx, rates: Sequence[float], requests_per_rate: int, *, seed: int = 0,
-               progress: bool = True) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+def arm_capacity(ctx, engine, *, seed: int = 0, budget_s: float = 90.0,
+                 progress: bool = True) -> Capacity:
+    """The engine's capacity on the mixed workload (`lab_utils.capacity`:
+    one request at a time, then 8 in flight), cached in this run's results."""
+    return measure_capacity(engine, lambda n, s: mixed_workload(n, seed=seed + s),
+                            workload=f"12 mixed workload, seed {seed}", budget_s=budget_s,
+                            cache=ctx.results.dir / "capacity.json", results=ctx.results,
+                            progress=progress)
+
+
+def sweep_arms(ctx, rates: Sequence[float], requests_per_rate: int, *, points: int = 4,
+               budget_s: float = 90.0, seed: int = 0, progress: bool = True
+               ) -> tuple[pd.DataFrame | None, pd.DataFrame | None, dict[str, Capacity]]:
     """`goodput_sweep` on each arm of the plan, the combined arm first so the
-    baseline engine is still up for the cross-check after it. Returns (one row
-    per arm and rate, one row per request), None when no arm ran."""
+    baseline engine is still up for the cross-check after it. With `rates`
+    empty, each arm's rates are placed from its own measured capacity
+    (`points` rates from light load to past saturation): the curve then spans
+    its knee on any machine. Returns (one row per arm and rate, one row per
+    request, each arm's capacity); None frames when no arm ran."""
     order = [a for a in (COMBINED, BASELINE) if a in ctx.plan.names]
-    got = arms.run(ctx, order, lambda a, engine: goodput_sweep(
-        engine, a.name, rates, requests_per_rate, seed=seed, results=ctx.results,
-        progress=progress))
+    capacities: dict[str, Capacity] = {}
+
+    def one(a, engine):
+        grid = list(rates)
+        if not grid:
+            cap = capacities[a.name] = arm_capacity(ctx, engine, seed=seed, budget_s=budget_s,
+                                                    progress=progress)
+            grid = cap.rates(points)
+            print(f"[{a.name}] {cap.describe()}\n[{a.name}] rates: {grid} req/s")
+        return goodput_sweep(engine, a.name, grid, requests_per_rate, seed=seed,
+                             results=ctx.results, progress=progress)
+
+    got = arms.run(ctx, order, one)
     if not got:
-        return None, None
+        return None, None, capacities
     sweep = pd.concat([rows for rows, _ in got.values()], ignore_index=True)
     return (sweep.sort_values(["arm", "rate"], ignore_index=True),
-            pd.concat([reqs for _, reqs in got.values()], ignore_index=True))
+            pd.concat([reqs for _, reqs in got.values()], ignore_index=True), capacities)
 
 
-def findings(sweep: pd.DataFrame | None, chosen: Sequence[str]) -> list[dict[str, Any]]:
-    """`Results.add_finding` arguments: the combined configuration against the
-    baseline at the highest rate of the sweep (p99 TTFT and TPOT, goodput),
-    with the combined arm's prefix-cache hit rate and speculative acceptance
-    as the mechanism; none unless both arms ran."""
+def knees(sweep: pd.DataFrame | None, target: float = DEFAULT_TARGET) -> pd.DataFrame:
+    """Per arm: the goodput knee (`capacity.goodput_knee`: the highest rate with
+    at least `target` of its requests within the SLO) and whether the sweep
+    passed it (False: the knee is at or beyond the highest rate tried)."""
+    rows = []
+    for arm, g in (sweep.groupby("arm") if sweep is not None else []):
+        knee, reached = goodput_knee(g.rate, g.slo_met_fraction, target)
+        rows.append({"arm": arm, "knee_rate": knee if knee is not None else math.nan,
+                     "passed_the_knee": reached, "rates": list(g.rate)})
+    return pd.DataFrame(rows, columns=["arm", "knee_rate", "passed_the_knee", "rates"]
+                        ).set_index("arm")
+
+
+def findings(sweep: pd.DataFrame | None, chosen: Sequence[str],
+             requests: pd.DataFrame | None = None,
+             capacities: Mapping[str, Capacity] | None = None,
+             target: float = DEFAULT_TARGET) -> list[dict[str, Any]]:
+    """`Results.add_finding` arguments, baseline -> combined, none unless both
+    arms ran: the goodput knee (with the bootstrap interval of the knees'
+    ratio, from `requests`' per-request `slo_met`), and, when measured, the
+    saturation throughput and the one-at-a-time latency of the capacity probe.
+    The mechanism cites the combined arm's prefix-cache hit rate and
+    speculative acceptance over the sweep."""
     if sweep is None or set(sweep.arm) != {BASELINE, COMBINED}:
         return []
-    top = sweep.rate.max()
-    b, c = (sweep[(sweep.arm == a) & (sweep.rate == top)].iloc[0] for a in (BASELINE, COMBINED))
-    return [{"technique": "combined configuration",
-             "metric": f"{metric} at {top} req/s, mixed workload",
-             "baseline": b[metric], "treated": c[metric],
-             "article_claim": "the checklist's techniques combine",
-             "mechanism": f"combined = {list(chosen)}; prefix-cache hit rate "
-                          f"{c.prefix_cache_hit_rate or 0:.0%}, spec acceptance "
-                          f"{c.spec_acceptance or 0:.0%}"}
-            for metric in ("ttft_ms_p99", "tpot_ms_p99", "goodput")]
+    k = knees(sweep, target)
+    c = sweep[sweep.arm == COMBINED]
+    why = (f"combined = {list(chosen)}; prefix-cache hit rate "
+           f"{c.prefix_cache_hit_rate.fillna(0).mean():.0%}, spec acceptance "
+           f"{c.spec_acceptance.astype(float).fillna(0).mean():.0%} over the sweep")
+    claim = "the checklist's techniques combine"
+    extra: dict[str, Any] = {}
+    if requests is not None and "slo_met" in requests:
+        per = {arm: {r: g.slo_met.tolist() for r, g in requests[requests.arm == arm].groupby("rate")}
+               for arm in (BASELINE, COMBINED)}
+        ratio, lo, hi = knee_ratio_ci(per[BASELINE], per[COMBINED], target=target)
+        extra = {"knee_ratio": ratio, "knee_ratio_ci95": [lo, hi]}
+        why += f"; knee ratio {ratio:.2f}x (95% CI {lo:.2f}-{hi:.2f})"
+    bound = [a for a in (BASELINE, COMBINED) if not k.loc[a, "passed_the_knee"]]
+    if bound:
+        why += f"; {' and '.join(bound)}: every rate met the SLO, the knee is a lower bound"
+    out = [{"technique": "combined configuration",
+            "metric": f"goodput knee (req/s): highest rate with >= {target:.0%} of requests "
+                      "within the SLO, mixed workload",
+            "baseline": k.loc[BASELINE, "knee_rate"], "treated": k.loc[COMBINED, "knee_rate"],
+            "article_claim": claim, "mechanism": why,
+            "knee_passed": {a: bool(k.loc[a, "passed_the_knee"]) for a in (BASELINE, COMBINED)},
+            **extra}]
+    if capacities and {BASELINE, COMBINED} <= set(capacities):
+        b, t = capacities[BASELINE], capacities[COMBINED]
+        out += [{"technique": "combined configuration",
+                 "metric": f"saturation throughput (req/s), {b.concurrency} in flight, "
+                           "mixed workload", "baseline": b.max_rate, "treated": t.max_rate,
+                 "article_claim": claim,
+                 "mechanism": f"capacity probe: {b.requests} and {t.requests} requests"},
+                {"technique": "combined configuration",
+                 "metric": "one request at a time: E2E median (ms), mixed workload",
+                 "baseline": b.sync_e2e_s * 1e3, "treated": t.sync_e2e_s * 1e3,
+                 "article_claim": claim, "mechanism": why}]
+    return out
 
 
 def explore(ctx, arm: str, rates: Sequence[float], requests_per_rate: int, *,
@@ -229,10 +305,22 @@ def summary_figure(checklist: pd.DataFrame, sweep: pd.DataFrame, crosscheck: dic
               [Line2D([], [], marker="o", ls="", color="#c0392b", label="not reproduced")],
               loc="lower right", fontsize=8)
     ax2 = fig.add_subplot(grid[1, 0])
-    sns.lineplot(data=sweep, x="rate", y="goodput", hue="arm", marker="o", ax=ax2)
+    knee = knees(sweep) if len(sweep) and "slo_met_fraction" in sweep else pd.DataFrame()
+    palette = dict(zip(sorted(set(sweep.arm)), sns.color_palette(n_colors=max(1, sweep.arm.nunique()))))
+    for arm, g in sweep.groupby("arm"):
+        ax2.plot(g.rate, g.goodput, "o-", color=palette[arm], label=arm)
+        k = knee.knee_rate.get(arm, np.nan) if len(knee) else np.nan
+        if np.isfinite(k):
+            more = "" if knee.loc[arm, "passed_the_knee"] else " (or more)"
+            ax2.axvline(k, color=palette[arm], ls="--", lw=1,
+                        label=f"{arm} knee {k:.2g} req/s{more}")
+    if len(sweep):
+        top = float(sweep.rate.max())
+        ax2.plot([0, top], [0, top], ls=":", color="#888888", label="all requests within SLO")
+        ax2.legend(fontsize=8)
     ax2.set_xlabel("offered load (requests/s)")
     ax2.set_ylabel("goodput (requests/s within SLO)")
-    ax2.set_title("Goodput vs request rate (SLO: TTFT ≤ 2 s, TPOT ≤ 50 ms)")
+    ax2.set_title("Goodput vs request rate (SLO: TTFT ≤ 2 s, TPOT ≤ 50 ms); dashed: knees")
     ax3 = fig.add_subplot(grid[1, 1])
     long = sweep.melt(id_vars=["arm", "rate"], value_vars=["ttft_ms_p99", "tpot_ms_p99"],
                       var_name="metric", value_name="ms")
@@ -254,5 +342,6 @@ def summary_figure(checklist: pd.DataFrame, sweep: pd.DataFrame, crosscheck: dic
 
 
 __all__ = ["BASELINE", "COMBINED", "TECHNIQUE_FLAGS", "baseline_flags", "checklist_table",
-           "chosen_techniques", "combined_flags", "explore", "findings", "findings_source",
+           "arm_capacity", "chosen_techniques", "combined_flags", "explore", "findings",
+           "findings_source", "knees",
            "goodput_sweep", "mixed_workload", "plan", "summary_figure", "sweep_arms"]
