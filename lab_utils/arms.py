@@ -216,6 +216,7 @@ class Plan:
                       if ref else "baseline")
             flags = a.key if a.key != "baseline" else "the profile's flags only"
             lines.append(f"  {a.name}: {change}; {flags}")
+        lines += [f"  alive together: {' + '.join(g)}" for g in self.together]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
