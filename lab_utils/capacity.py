@@ -14,7 +14,7 @@ for a workload before it places rates:
 `Capacity.rates(k)` places k Poisson rates from light load to saturation (and
 past it: `beyond`), `Capacity.fraction(f)` is a rate at a share of capacity.
 `goodput_knee` finds the highest rate at which the share of requests meeting
-the SLO stays at or above a target, and `knee_ratio_ci` the bootstrap interval
+the SLO stays at or above a target share of what light load attains, and `knee_ratio_ci` the bootstrap interval
 of the ratio of two configurations' knees. `measure_capacity` keeps to a time
 budget and caches its result per engine configuration, workload and machine
 in the results folder, so the notebooks of one run measure an engine once.
@@ -162,34 +162,39 @@ def _record(results, cap: Capacity, *, cached: bool) -> None:
         results.save()
 
 
-def goodput_knee(rates: Sequence[float], met: Sequence[float],
-                 target: float = DEFAULT_TARGET) -> tuple[float | None, bool]:
+def goodput_knee(rates: Sequence[float], met: Sequence[float], target: float = DEFAULT_TARGET,
+                 *, relative: bool = True) -> tuple[float | None, bool]:
     """(knee, reached): the highest rate at which the share of requests meeting
-    the SLO (`met`, one per rate) is still >= `target`, linearly interpolated
-    between the last rate that meets it and the next one that does not.
-    `reached` is False when every rate met it (the knee is at or past the
-    highest rate tried: the returned rate is a lower bound); the knee is None
-    when already the lowest rate misses the target."""
+    the SLO (`met`, one per rate) is still >= the threshold, linearly
+    interpolated between the last rate that meets it and the next one that
+    does not. The threshold is `target` x the share met at the lowest rate
+    (`relative`: where load starts to cost what an idle engine attains; some
+    requests, e.g. a long prefill on a CPU, may miss the SLO at any load), or
+    `target` itself. `reached` is False when every rate met it (the knee is at
+    or past the highest rate tried: the rate returned is a lower bound); the
+    knee is None when the threshold is unreachable (nothing met at the lowest
+    rate, or the absolute target missed there)."""
     pairs = sorted(zip(map(float, rates), map(float, met)))
     if not pairs:
         return None, False
-    if pairs[0][1] < target:
+    threshold = target * pairs[0][1] if relative else target
+    if pairs[0][1] <= 0 or pairs[0][1] < threshold:
         return None, True
     for (r0, m0), (r1, m1) in zip(pairs, pairs[1:]):
-        if m1 < target <= m0:
-            return r0 + (m0 - target) / (m0 - m1) * (r1 - r0), True
+        if m1 < threshold <= m0:
+            return r0 + (m0 - threshold) / (m0 - m1) * (r1 - r0), True
     return pairs[-1][0], False
 
 
 def knee_ratio_ci(base: Mapping[float, Sequence[bool]], treated: Mapping[float, Sequence[bool]],
-                  *, target: float = DEFAULT_TARGET, resamples: int = 2000, seed: int = 0
-                  ) -> tuple[float, float, float]:
+                  *, target: float = DEFAULT_TARGET, relative: bool = True,
+                  resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """(ratio, low, high): treated knee / base knee, and its 95% bootstrap
     interval from resampling each rate's requests (True = met the SLO).
     NaN where a knee is undefined (missed at the lowest rate) in the data."""
     def knee(curve: Mapping[float, np.ndarray]) -> float:
         k, _ = goodput_knee(list(curve), [v.mean() if len(v) else 0.0 for v in curve.values()],
-                            target)
+                            target, relative=relative)
         return math.nan if k is None else k
 
     b = {r: np.asarray(v, bool) for r, v in base.items()}

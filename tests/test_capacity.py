@@ -70,7 +70,11 @@ def test_knee_interpolates_where_the_met_share_crosses_the_target():
     assert goodput_knee([1, 2, 3, 4], [1.0, 0.95, 0.7, 0.1]) == (pytest.approx(2.2), True)
     assert goodput_knee([3, 1, 2], [0.7, 1.0, 0.95]) == (pytest.approx(2.2), True)   # any order
     assert goodput_knee([1, 2], [1.0, 0.95]) == (2.0, False)      # never crossed: lower bound
-    assert goodput_knee([1, 2], [0.5, 0.2]) == (None, True)       # missed at the lowest rate
+    # Half the requests miss the SLO even at light load (e.g. long prefills):
+    # relative to that, 0.45 is crossed a sixth of the way to rate 2.
+    assert goodput_knee([1, 2], [0.5, 0.2]) == (pytest.approx(1 + 0.05 / 0.3), True)
+    assert goodput_knee([1, 2], [0.5, 0.2], relative=False) == (None, True)   # absolute 0.9
+    assert goodput_knee([1, 2], [0.0, 0.0]) == (None, True)       # nothing met at all
     assert goodput_knee([1, 2, 3], [1.0, 0.9, 0.0]) == (pytest.approx(2.0), True)
 
 
