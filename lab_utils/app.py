@@ -62,7 +62,6 @@ import signal
 import ssl
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -759,20 +758,10 @@ class AppServer(VLLMServer):
     def reset_stats(self) -> dict[str, Any]:
         return self.get_json("/stats/reset", method="POST")
 
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ServerError(f"the app exited with code {self.proc.returncode} while "
-                                  f"starting.\ncommand: {self.command}\nlog: {self.log_path}\n"
-                                  f"--- last lines ---\n{self.log_tail()}")
-            with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
-                if self.get_json("/health", timeout=2).get("status") == "ok":
-                    return
-            time.sleep(0.1)
-        raise ServerError(f"the app was not healthy after {self.startup_timeout_s:.0f} s.\n"
-                          f"command: {self.command}\nlog: {self.log_path}\n"
-                          f"--- last lines ---\n{self.log_tail()}")
+    what, poll_s = "the app", 0.1
+
+    def _healthy(self) -> bool:
+        return self.get_json("/health", timeout=2).get("status") == "ok"
 
     def describe(self) -> dict[str, Any]:
         """The app for the results file (`Results.add_app`)."""

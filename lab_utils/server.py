@@ -169,19 +169,25 @@ class VLLMServer:
         self.startup_s = time.perf_counter() - t0
         return self
 
+    #: How the server is named in errors, and how often its health is polled.
+    what, poll_s = "vLLM", 0.5
+
+    def _healthy(self) -> bool:
+        status, _ = http_get(self.base_url + "/health", timeout=2)
+        return status == 200
+
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServerError(f"vLLM exited with code {self.proc.returncode} while "
+                raise ServerError(f"{self.what} exited with code {self.proc.returncode} while "
                                   f"starting.\ncommand: {self.command}\nlog: {self.log_path}\n"
                                   f"--- last lines ---\n{self.log_tail()}")
-            with contextlib.suppress(OSError):
-                status, _ = http_get(self.base_url + "/health", timeout=2)
-                if status == 200:
+            with contextlib.suppress(OSError, ValueError):  # URLError is an OSError
+                if self._healthy():
                     return
-            time.sleep(0.5)
-        raise ServerError(f"vLLM was not healthy after {self.startup_timeout_s:.0f} s.\n"
+            time.sleep(self.poll_s)
+        raise ServerError(f"{self.what} was not healthy after {self.startup_timeout_s:.0f} s.\n"
                           f"command: {self.command}\nlog: {self.log_path}\n"
                           f"--- last lines ---\n{self.log_tail()}")
 
