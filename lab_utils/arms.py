@@ -69,7 +69,7 @@ class Arm:
 
     def settings(self) -> dict[str, Any]:
         """Everything that makes this engine what it is, one entry per knob."""
-        return {**{k: v for k, v in self.flags.items()}, ROLE: self.role,
+        return {**self.flags, ROLE: self.role,
                 **{env_knob(k): str(v) for k, v in self.env.items()}}
 
 
@@ -221,11 +221,6 @@ class Plan:
         return "\n".join(lines)
 
 
-def subset(plan: Plan, names: Iterable[str]) -> list[Arm]:
-    """The arms `names` of `plan`, in the order given."""
-    return [plan.arm(n) for n in names]
-
-
 def run(ctx, arms: Iterable[str | Arm], measure: Callable[[Arm, Any], T]) -> dict[str, T]:
     """``measure(arm, engine)`` for each arm in order, on that arm's engine;
     arms the target cannot serve are noted and skipped (`ctx.arm`)."""
@@ -238,4 +233,4 @@ def run(ctx, arms: Iterable[str | Arm], measure: Callable[[Arm, Any], T]) -> dic
     return out
 
 
-__all__ = ["ROLE", "Arm", "Plan", "engine_key", "env_knob", "knobs_between", "run", "subset"]
+__all__ = ["ROLE", "Arm", "Plan", "engine_key", "env_knob", "knobs_between", "run"]
