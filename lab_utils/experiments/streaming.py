@@ -555,13 +555,18 @@ def disconnect_aborts(engine, app: AppServer, *, max_tokens: int = 512, read_tok
             t0 = time.perf_counter()
             stop = asyncio.Event()
 
+            async def sample():
+                snap, _ = await metrics()
+                row = {"t_s": time.perf_counter() - t0,
+                       "running": snap.gauges["requests_running"],
+                       "generated": snap.counters["generation_tokens"]
+                       - before.counters["generation_tokens"]}
+                timeline.append(row)
+                return row
+
             async def poll():
                 while not stop.is_set():
-                    snap, _ = await metrics()
-                    timeline.append({"t_s": time.perf_counter() - t0,
-                                     "running": snap.gauges["requests_running"],
-                                     "generated": snap.counters["generation_tokens"]
-                                     - before.counters["generation_tokens"]})
+                    await sample()
                     await asyncio.sleep(poll_s)
 
             poller = asyncio.create_task(poll())
@@ -579,6 +584,10 @@ def disconnect_aborts(engine, app: AppServer, *, max_tokens: int = 512, read_tok
                             marks.setdefault("first_token_s", time.perf_counter() - t0)
                     if read >= read_tokens:
                         break
+                # One scrape while the stream is still open: the poller shares
+                # this loop with the reader, and on a fast engine the few tokens
+                # read can all arrive between two of its scrapes.
+                marks["running_before_hang_up"] = (await sample())["running"]
                 marks["hang_up_s"] = time.perf_counter() - t0
                 resp.close()  # drops the connection mid-stream
             deadline = time.perf_counter() + settle_s
@@ -602,6 +611,7 @@ def disconnect_aborts(engine, app: AppServer, *, max_tokens: int = 512, read_tok
     generated = after.counters["generation_tokens"] - before.counters["generation_tokens"]
     summary = {"max_tokens": max_tokens, "pieces_read_before_hang_up": read,
                "hang_up_s": hang_up,
+               "running_before_hang_up": marks.get("running_before_hang_up"),
                "running_zero_after_ms": (drained.t_s.min() - hang_up) * 1e3 if len(drained)
                else None,
                "generated_tokens": generated,
