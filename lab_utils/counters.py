@@ -7,8 +7,10 @@ histogram (to compare with the client's view).
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -151,3 +153,61 @@ def delta(before: Snapshot, after: Snapshot) -> dict[str, float | None]:
         d[f"{key}_p50"] = hist.quantile(0.5)
         d[f"{key}_p99"] = hist.quantile(0.99)
     return d
+
+
+#: The columns of `GaugeSampler.frame()`.
+GAUGE_COLUMNS = ["t_s", "requests_running", "requests_waiting", "kv_cache_usage", "preemptions"]
+
+
+class GaugeSampler:
+    """vLLM's queue gauges (`vllm:num_requests_running`, `..._waiting`,
+    `vllm:kv_cache_usage_perc`) and the cumulative preemption counter, scraped
+    from `/metrics` every `interval_s` in a background thread while a run
+    goes on (use as a context manager; `t_s` counts from entering it).
+
+    A thread, not a task: the sampler keeps its pace while the run's own
+    event loop is busy. A scrape that fails is a missing sample, not an error.
+    """
+
+    def __init__(self, engine, interval_s: float = 0.5):
+        self.base_url, self.api_key = engine.base_url, getattr(engine, "api_key", None)
+        self.interval_s = float(interval_s)
+        self.rows: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="gauge-sampler")
+        self.t0 = time.perf_counter()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                snap = parse_metrics(scrape_text(self.base_url, self.api_key, timeout=5))
+                self.rows.append({"t_s": time.perf_counter() - self.t0, **snap.gauges,
+                                  "preemptions": snap.counters["preemptions"]})
+            except (OSError, ServerError, ValueError):
+                pass
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> Self:
+        self.t0 = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def frame(self):
+        import pandas as pd
+        return pd.DataFrame(self.rows, columns=GAUGE_COLUMNS)
+
+    def summary(self) -> dict[str, float | int | None]:
+        """Queue depth over the run: most and mean waiting, most running, samples."""
+        rows = self.rows
+        if not rows:
+            return {"samples": 0, "waiting_max": None, "waiting_mean": None,
+                    "running_max": None}
+        waiting = [r["requests_waiting"] for r in rows]
+        return {"samples": len(rows), "waiting_max": max(waiting),
+                "waiting_mean": sum(waiting) / len(waiting),
+                "running_max": max(r["requests_running"] for r in rows)}
+

@@ -72,3 +72,22 @@ def root_cause(log_text: str) -> str:
         if m and "initialization failed" not in m.group(2) and "root cause" not in m.group(2):
             return f"{m.group(1)}: {m.group(2).strip()}"[:300]
     return ""
+
+
+_KV_LOG = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens")
+_CONC_LOG = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+
+
+def parse_kv_log(text: str) -> dict[str, Any]:
+    """The last KV-capacity line of a vLLM server log ("CPU KV cache size: 23,296
+    tokens, Maximum concurrency for 4,096 tokens per request: 5.69x"; the GPU
+    build says "GPU KV cache size")."""
+    out: dict[str, Any] = {}
+    sizes = _KV_LOG.findall(text or "")
+    if sizes:
+        out["log_device"], out["log_kv_tokens"] = sizes[-1][0], int(sizes[-1][1].replace(",", ""))
+    conc = _CONC_LOG.findall(text or "")
+    if conc:
+        out["log_concurrency_at_tokens"] = int(conc[-1][0].replace(",", ""))
+        out["log_max_concurrency"] = float(conc[-1][1])
+    return out

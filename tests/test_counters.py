@@ -242,3 +242,59 @@ def test_parse_text_generated_by_prometheus_client():
     assert h.count == 4.0 and h.sum == pytest.approx(2.65)
     assert h.buckets == {0.1: 1.0, 0.5: 3.0, 1.0: 3.0, math.inf: 4.0}
     assert h.quantile(0.5) == pytest.approx(0.1 + 0.4 * 1 / 2)
+
+
+def test_gauge_sampler_follows_the_server_and_survives_a_failing_scrape():
+    """A /metrics endpoint whose queue grows 0, 1, 2, ... per scrape, with one
+    scrape answered 500: the sampler keeps the others in order and summarises
+    the queue depth it saw."""
+    import http.server
+    import threading
+    import time
+
+    from lab_utils.counters import GAUGE_COLUMNS, GaugeSampler
+
+    hits = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            n = len(hits) - 1
+            if n == 2:
+                self.send_response(500)
+                self.end_headers()
+                return
+            body = (f"vllm:num_requests_waiting{{engine=\"0\"}} {n}\n"
+                    f"vllm:num_requests_running{{engine=\"0\"}} 1\n"
+                    f"vllm:num_preemptions_total{{engine=\"0\"}} {n // 4}\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    class Engine:
+        base_url = f"http://127.0.0.1:{server.server_address[1]}"
+        api_key = None
+
+    try:
+        with GaugeSampler(Engine(), interval_s=0.02) as sampler:
+            deadline = time.monotonic() + 10
+            while len(sampler.rows) < 6 and time.monotonic() < deadline:
+                time.sleep(0.01)
+    finally:
+        server.shutdown()
+    frame = sampler.frame()
+    assert list(frame.columns) == GAUGE_COLUMNS and set(hits) == {"/metrics"}
+    assert 2 not in frame.requests_waiting.tolist()            # the 500 is a missing sample
+    assert frame.requests_waiting.tolist()[:3] == [0, 1, 3]
+    assert frame.t_s.is_monotonic_increasing and frame.requests_running.eq(1).all()
+    summary = sampler.summary()
+    assert summary["samples"] == len(frame) and summary["running_max"] == 1
+    assert summary["waiting_max"] == frame.requests_waiting.max()
+    assert GaugeSampler(Engine()).summary()["waiting_max"] is None

@@ -84,8 +84,8 @@ def _arm():
         arrival.append(at)
         held.append(h)
     sched = ScheduledRun(Run("x", "", recs, 14.0), arrival, held)
-    gauges = pd.DataFrame({"t_s": [0, 1], "waiting": [0, 3], "running": [2, 4],
-                           "preemptions": [0, 0], "kv_cache_usage": [0, 0]})
+    gauges = pd.DataFrame({"t_s": [0, 1], "requests_waiting": [0, 3],
+                           "requests_running": [2, 4], "preemptions": [0, 0], "kv_cache_usage": [0, 0]})
     return pr.Arm("x", "e", sched, {"preemptions": 0.0}, gauges)
 
 

@@ -26,25 +26,32 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 import os
-import re
-import struct
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from .. import arms
 from ..client import Load
-from ..counters import scrape
+from ..counters import GaugeSampler
 from ..host import EngineCPU, host_load
+from ..kv_memory import (  # noqa: F401  (the notebook reads them from here)
+    ELEMENT_BYTES,
+    GIB,
+    KVGeometry,
+    blocks_needed,
+    decode_step_traffic,
+    expected_capacity_tokens,
+    gib_to_bytes,
+    kv_element_bytes,
+    kv_geometry,
+    requests_that_fit,
+    safetensors_parameters,
+)
 from ..profiles import ConfigError, Profile
 from ..quality import (
     compare_logprobs,
@@ -56,6 +63,7 @@ from ..quality import (
 from ..results import Results, measure
 from ..server import EnginePool
 from ..vllm_code import vllm_source
+from ..vllm_logs import parse_kv_log
 from ..workloads import synthetic_specs, tokenizer_for, warm_up
 
 #: What vLLM's CPU attention backend accepts (`CPUAttentionBackend.supported_kv_cache_dtypes`).
@@ -64,85 +72,6 @@ CPU_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 BASELINE = "auto"
 #: The environment variable that overrides `--kv-cache-memory-bytes` on vLLM's CPU build.
 CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
-GIB = 1 << 30
-
-_ELEMENT_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2,
-                  "half": 2, "fp16": 2}
-
-# --------------------------------------------------------------------------
-# Pure helpers (unit-tested without a server)
-# --------------------------------------------------------------------------
-
-
-def kv_element_bytes(kv_cache_dtype: str, model_dtype: str = "float32") -> int:
-    """Bytes per cached K or V element: 1 for any fp8 format, else the model's
-    dtype (`auto` stores the KV cache in the dtype the model runs in)."""
-    kv = str(kv_cache_dtype).lower()
-    if kv.startswith("fp8"):
-        return 1
-    if kv not in ("auto", *_ELEMENT_BYTES):
-        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}")
-    dtype = str(model_dtype if kv == "auto" else kv).lower()
-    if dtype not in _ELEMENT_BYTES:
-        raise ValueError(f"cannot size a {dtype!r} KV cache: give the model dtype explicitly "
-                         f"(one of {sorted(_ELEMENT_BYTES)})")
-    return _ELEMENT_BYTES[dtype]
-
-
-@dataclass(frozen=True)
-class KVGeometry:
-    """What one token's KV cache holds: K and V for every layer and KV head."""
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-
-    def bytes_per_token(self, element_bytes: int) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * int(element_bytes)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> KVGeometry:
-        """From a Hugging Face `config.json` (Llama-style attention)."""
-        heads = int(config["num_attention_heads"])
-        head_dim = config.get("head_dim") or int(config["hidden_size"]) // heads
-        return cls(int(config["num_hidden_layers"]),
-                   int(config.get("num_key_value_heads") or heads), int(head_dim))
-
-
-def kv_geometry(model_dir: str | Path) -> KVGeometry | None:
-    """The KV geometry of a local model folder, or None (hub id, remote)."""
-    path = Path(model_dir or "") / "config.json"
-    if not model_dir or not path.is_file():
-        return None
-    return KVGeometry.from_config(json.loads(path.read_text()))
-
-
-def expected_capacity_tokens(budget_bytes: int, bytes_per_token: int, block_size: int) -> int:
-    """Tokens a KV cache of `budget_bytes` holds: whole blocks of `block_size`
-    tokens (vLLM divides the budget by the bytes of one block in all layers)."""
-    if bytes_per_token <= 0 or block_size <= 0:
-        raise ValueError("bytes_per_token and block_size must be positive")
-    return int(budget_bytes) // (int(bytes_per_token) * int(block_size)) * int(block_size)
-
-
-def blocks_needed(tokens: int, block_size: int) -> int:
-    """KV blocks a sequence of `tokens` tokens occupies."""
-    return -(-int(tokens) // int(block_size))
-
-
-def requests_that_fit(capacity_tokens: int, block_size: int, prompt_tokens: int,
-                      output_tokens: int) -> int:
-    """How many requests of this shape can be in the cache at their full length."""
-    per_request = blocks_needed(prompt_tokens + output_tokens, block_size)
-    return (int(capacity_tokens) // int(block_size)) // per_request if per_request else 0
-
-
-def gib_to_bytes(gib: float) -> int:
-    """A KV budget in GiB as the whole number of bytes vLLM's flag takes."""
-    if not gib > 0:
-        raise ValueError(f"the KV-cache budget must be > 0 GiB, got {gib!r}")
-    return round(float(gib) * GIB)
-
-
 def arm_flags(kv_cache_dtype: str, budget_bytes: int | None,
               max_model_len: int | None = None) -> dict[str, Any]:
     """The engine flags of one arm: the KV dtype (the knob), plus the byte
@@ -159,25 +88,6 @@ def budget_profile(profile: Profile) -> Profile:
     """`profile` without VLLM_CPU_KVCACHE_SPACE, so `--kv-cache-memory-bytes` counts."""
     env = {k: v for k, v in profile.env.items() if k != CPU_KV_ENV}
     return dataclasses.replace(profile, env=env)
-
-
-_KV_LOG = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens")
-_CONC_LOG = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
-
-
-def parse_kv_log(text: str) -> dict[str, Any]:
-    """The last KV-capacity line of a vLLM server log ("CPU KV cache size: 23,296
-    tokens, Maximum concurrency for 4,096 tokens per request: 5.69x"; the GPU
-    build says "GPU KV cache size")."""
-    out: dict[str, Any] = {}
-    sizes = _KV_LOG.findall(text or "")
-    if sizes:
-        out["log_device"], out["log_kv_tokens"] = sizes[-1][0], int(sizes[-1][1].replace(",", ""))
-    conc = _CONC_LOG.findall(text or "")
-    if conc:
-        out["log_concurrency_at_tokens"] = int(conc[-1][0].replace(",", ""))
-        out["log_max_concurrency"] = float(conc[-1][1])
-    return out
 
 
 def answer_table(answers: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
@@ -210,30 +120,6 @@ def answer_summary(table: pd.DataFrame, names: Sequence[str], baseline: str = BA
                      "identical_to_baseline": len(table) if arm == baseline
                      else int(same.sum()) if same is not None else None}
     return pd.DataFrame.from_dict(rows, orient="index")
-
-
-def safetensors_parameters(model_dir: str | Path) -> int | None:
-    """Parameter count of a local safetensors checkpoint, from the file headers only."""
-    files = sorted(Path(model_dir or ".").glob("*.safetensors")) if model_dir else []
-    if not files:
-        return None
-    total = 0
-    for path in files:
-        with open(path, "rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(size))
-        total += sum(int(np.prod(v["shape"])) for k, v in header.items() if k != "__metadata__")
-    return total
-
-
-def decode_step_traffic(weight_bytes: float, kv_bytes_per_token: float, context_tokens: int,
-                        batch: int = 1) -> dict[str, float]:
-    """Bytes one decode step must read at least: all weights once, plus the KV
-    cache of every sequence in the batch, and the KV share of that traffic."""
-    kv = float(kv_bytes_per_token) * int(context_tokens) * int(batch)
-    total = float(weight_bytes) + kv
-    return {"weights_mb": weight_bytes / 1e6, "kv_mb": kv / 1e6, "total_mb": total / 1e6,
-            "kv_share_pct": kv / total * 100 if total else math.nan}
 
 
 def pressure_row(arm: str, run, gauges: pd.DataFrame, *, capacity_tokens: float,
@@ -317,39 +203,6 @@ def capacity_row(engine, arm: str, budget_bytes: int | None = None) -> dict[str,
             row["predicted_tokens"] = expected_capacity_tokens(budget_bytes, per_token,
                                                                int(row["block_size"]))
     return row
-
-
-class GaugeSampler:
-    """Samples vLLM's running/waiting request gauges and KV-cache usage from
-    /metrics every `interval_s` in a background thread (use as a context manager)."""
-
-    def __init__(self, engine, interval_s: float = 0.5):
-        self.engine, self.interval_s = engine, interval_s
-        self.rows: list[dict[str, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        t0 = time.perf_counter()
-        while not self._stop.is_set():
-            try:
-                g = scrape(self.engine.base_url, self.engine.api_key).gauges
-                self.rows.append({"t_s": time.perf_counter() - t0, **g})
-            except (OSError, RuntimeError, ValueError):
-                pass  # a scrape that fails is a missing sample, not an error
-            self._stop.wait(self.interval_s)
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=["t_s", "kv_cache_usage", "requests_running",
-                                                "requests_waiting"])
 
 
 def single_request_latency(engine, arm: str, *, prompt_tokens: int = 256,
@@ -565,7 +418,7 @@ def predicted_table(profile: Profile, budget_bytes: int, max_model_len: int,
     2 GiB cpu default. Empty when the model or its dtype is not known locally."""
     model_dtype = str(profile.engine.get("dtype", "auto"))
     geometry = None if profile.is_remote else kv_geometry(profile.model_for())
-    if geometry is None or model_dtype.lower() not in _ELEMENT_BYTES:
+    if geometry is None or model_dtype.lower() not in ELEMENT_BYTES:
         return pd.DataFrame()
     block = default_block_size(profile)
     cases = {f"{budget_bytes / 2**20:g} MiB, max_model_len {max_model_len}":
@@ -592,9 +445,9 @@ def traffic_table(profile: Profile, kv_dtypes: Sequence[str],
     model_dtype = str(profile.engine.get("dtype", "auto"))
     model_dir = None if profile.is_remote else profile.model_for()
     geometry, params = kv_geometry(model_dir), safetensors_parameters(model_dir)
-    if geometry is None or params is None or model_dtype.lower() not in _ELEMENT_BYTES:
+    if geometry is None or params is None or model_dtype.lower() not in ELEMENT_BYTES:
         return pd.DataFrame()
-    weights = params * _ELEMENT_BYTES[model_dtype.lower()]
+    weights = params * ELEMENT_BYTES[model_dtype.lower()]
     rows = []
     for name, (context, batch) in cases.items():
         for arm in kv_dtypes:

@@ -22,11 +22,9 @@ running gauges (sampled every `sample_every_s`) and the preemption counter.
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import math
 import random
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +39,7 @@ from ..admission import (
     run_schedule_async,
 )
 from ..client import Client, RequestSpec, run_sync
-from ..counters import delta, parse_metrics, scrape, scrape_text
+from ..counters import GaugeSampler, delta, scrape
 from ..metrics import SLO, summarize
 from ..arms import Arm as EngineArm
 from ..arms import Plan
@@ -149,29 +147,6 @@ def slot_demand(workload: Workload, service_s: dict[str, float], slots: int,
 # Sampling vLLM's queue while an arm runs
 # --------------------------------------------------------------------------
 
-async def sample_gauges(base_url: str, api_key: str | None, every_s: float,
-                        stop: asyncio.Event, t0: float) -> list[dict[str, float]]:
-    """/metrics every `every_s` until `stop`: waiting/running requests and
-    cumulative preemptions, with the time since `t0` (perf_counter)."""
-    rows = []
-    while not stop.is_set():
-        try:
-            text = await asyncio.to_thread(scrape_text, base_url, api_key, 5)
-            snap = parse_metrics(text)
-            rows.append({"t_s": time.perf_counter() - t0,
-                         "waiting": snap.gauges["requests_waiting"],
-                         "running": snap.gauges["requests_running"],
-                         "preemptions": snap.counters["preemptions"],
-                         "kv_cache_usage": snap.gauges["kv_cache_usage"]})
-        except OSError:
-            pass
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=every_s)
-        except TimeoutError:
-            pass
-    return rows
-
-
 @dataclass
 class Arm:
     label: str
@@ -199,21 +174,11 @@ def run_arm(engine, workload: Workload, *, label: str, policy=None,
         jsonl.unlink()
     before = scrape(engine.base_url, engine.api_key)
 
-    async def go():
-        stop = asyncio.Event()
-        t0 = time.perf_counter()
-        sampler = asyncio.create_task(sample_gauges(engine.base_url, engine.api_key,
-                                                    sample_every_s, stop, t0))
-        try:
-            sched = await run_schedule_async(client, workload.specs, workload.offsets,
-                                             policy=policy, label=label, jsonl=jsonl)
-        finally:
-            stop.set()
-        return sched, await sampler
-
-    scheduled, rows = run_sync(go())
+    with GaugeSampler(engine, sample_every_s) as gauges:
+        scheduled = run_sync(run_schedule_async(client, workload.specs, workload.offsets,
+                                                policy=policy, label=label, jsonl=jsonl))
     scheduled.run.counters = delta(before, scrape(engine.base_url, engine.api_key))
-    arm = Arm(label, engine.label, scheduled, scheduled.run.counters, pd.DataFrame(rows))
+    arm = Arm(label, engine.label, scheduled, scheduled.run.counters, gauges.frame())
     failed = [r for r in arm.records if not r.ok]
     if results is not None:
         results.add_engine(engine)
@@ -267,8 +232,8 @@ def arm_row(arm: Arm, slo: SLO | None = None) -> dict[str, Any]:
             "batch job done at (s)": b.get("job_done_s"),
             "batch job tok/s": b.get("job_throughput_tok_s"),
             "preemptions": arm.counters.get("preemptions"),
-            "max waiting (sampled)": g.waiting.max() if len(g) else None,
-            "max running (sampled)": g.running.max() if len(g) else None,
+            "max waiting (sampled)": g.requests_waiting.max() if len(g) else None,
+            "max running (sampled)": g.requests_running.max() if len(g) else None,
             "failed": sum(1 for r in arm.records if not r.ok)}
 
 
@@ -455,8 +420,8 @@ def plot_queue(arms: dict[str, Arm], title: str = "vLLM's queue during each arm 
     for label, arm in arms.items():
         g = arm.gauges
         if len(g):
-            axes[0].plot(g.t_s, g.running, drawstyle="steps-post", label=label)
-            axes[1].plot(g.t_s, g.waiting, drawstyle="steps-post", label=label)
+            axes[0].plot(g.t_s, g.requests_running, drawstyle="steps-post", label=label)
+            axes[1].plot(g.t_s, g.requests_waiting, drawstyle="steps-post", label=label)
     for ax, what in zip(axes, ("running (in a batch slot)", "waiting (queued in vLLM)")):
         ax.set_xlabel("time since arm start (s)")
         ax.set_ylabel(f"requests {what}")
@@ -490,7 +455,6 @@ __all__ = [
     "plot_timelines",
     "priority_arm",
     "run_arm",
-    "sample_gauges",
     "slot_demand",
     "vllm_source",
     "warm_engine",

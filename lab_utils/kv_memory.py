@@ -1,0 +1,121 @@
+"""KV-cache memory arithmetic: bytes per cached element and per token, the
+tokens a byte budget holds in whole blocks, the requests that fit, and the
+bytes one decode step must read. Pure functions of a model's geometry (its
+`config.json`), used by `06_fp8_kv_cache` and by the plan checker's
+estimates; vLLM does the same division (`kv_cache_utils.py`: budget ÷ bytes of
+one block in all layers).
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+GIB = 1 << 30
+
+#: Bytes per element of the dtypes a model or its KV cache runs in.
+ELEMENT_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2,
+                  "half": 2, "fp16": 2}
+
+# --------------------------------------------------------------------------
+# Pure helpers (unit-tested without a server)
+# --------------------------------------------------------------------------
+
+
+def kv_element_bytes(kv_cache_dtype: str, model_dtype: str = "float32") -> int:
+    """Bytes per cached K or V element: 1 for any fp8 format, else the model's
+    dtype (`auto` stores the KV cache in the dtype the model runs in)."""
+    kv = str(kv_cache_dtype).lower()
+    if kv.startswith("fp8"):
+        return 1
+    if kv not in ("auto", *ELEMENT_BYTES):
+        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}")
+    dtype = str(model_dtype if kv == "auto" else kv).lower()
+    if dtype not in ELEMENT_BYTES:
+        raise ValueError(f"cannot size a {dtype!r} KV cache: give the model dtype explicitly "
+                         f"(one of {sorted(ELEMENT_BYTES)})")
+    return ELEMENT_BYTES[dtype]
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """What one token's KV cache holds: K and V for every layer and KV head."""
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def bytes_per_token(self, element_bytes: int) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * int(element_bytes)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> KVGeometry:
+        """From a Hugging Face `config.json` (Llama-style attention)."""
+        heads = int(config["num_attention_heads"])
+        head_dim = config.get("head_dim") or int(config["hidden_size"]) // heads
+        return cls(int(config["num_hidden_layers"]),
+                   int(config.get("num_key_value_heads") or heads), int(head_dim))
+
+
+def kv_geometry(model_dir: str | Path) -> KVGeometry | None:
+    """The KV geometry of a local model folder, or None (hub id, remote)."""
+    path = Path(model_dir or "") / "config.json"
+    if not model_dir or not path.is_file():
+        return None
+    return KVGeometry.from_config(json.loads(path.read_text()))
+
+
+def expected_capacity_tokens(budget_bytes: int, bytes_per_token: int, block_size: int) -> int:
+    """Tokens a KV cache of `budget_bytes` holds: whole blocks of `block_size`
+    tokens (vLLM divides the budget by the bytes of one block in all layers)."""
+    if bytes_per_token <= 0 or block_size <= 0:
+        raise ValueError("bytes_per_token and block_size must be positive")
+    return int(budget_bytes) // (int(bytes_per_token) * int(block_size)) * int(block_size)
+
+
+def blocks_needed(tokens: int, block_size: int) -> int:
+    """KV blocks a sequence of `tokens` tokens occupies."""
+    return -(-int(tokens) // int(block_size))
+
+
+def requests_that_fit(capacity_tokens: int, block_size: int, prompt_tokens: int,
+                      output_tokens: int) -> int:
+    """How many requests of this shape can be in the cache at their full length."""
+    per_request = blocks_needed(prompt_tokens + output_tokens, block_size)
+    return (int(capacity_tokens) // int(block_size)) // per_request if per_request else 0
+
+
+def gib_to_bytes(gib: float) -> int:
+    """A KV budget in GiB as the whole number of bytes vLLM's flag takes."""
+    if not gib > 0:
+        raise ValueError(f"the KV-cache budget must be > 0 GiB, got {gib!r}")
+    return round(float(gib) * GIB)
+
+
+def safetensors_parameters(model_dir: str | Path) -> int | None:
+    """Parameter count of a local safetensors checkpoint, from the file headers only."""
+    files = sorted(Path(model_dir or ".").glob("*.safetensors")) if model_dir else []
+    if not files:
+        return None
+    total = 0
+    for path in files:
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        total += sum(int(np.prod(v["shape"])) for k, v in header.items() if k != "__metadata__")
+    return total
+
+
+def decode_step_traffic(weight_bytes: float, kv_bytes_per_token: float, context_tokens: int,
+                        batch: int = 1) -> dict[str, float]:
+    """Bytes one decode step must read at least: all weights once, plus the KV
+    cache of every sequence in the batch, and the KV share of that traffic."""
+    kv = float(kv_bytes_per_token) * int(context_tokens) * int(batch)
+    total = float(weight_bytes) + kv
+    return {"weights_mb": weight_bytes / 1e6, "kv_mb": kv / 1e6, "total_mb": total / 1e6,
+            "kv_share_pct": kv / total * 100 if total else math.nan}
