@@ -123,6 +123,25 @@ def _budget_line(results: dict[str, dict], status: dict) -> list[str]:
                 f"{b['reusable_starts']} starts, {b['reusable_s']:,.0f} s"]
 
 
+def _load_section(results: dict[str, dict]) -> list[str]:
+    """The load each load-dependent notebook placed from the engine capacity it
+    measured first (`lab_utils.capacity`), so a reader sees how hard each
+    engine was pushed on this machine."""
+    rows = []
+    for notebook, data in results.items():
+        for key, cap in (data.get("capacity") or {}).items():
+            rows.append(f"| {notebook} | {key.split(' | ', 1)[-1]} | {_fmt(cap.get('sync_rate'))} "
+                        f"| {_fmt(cap.get('max_rate'))} ({cap.get('concurrency')} in flight) |")
+        load = data.get("load") or {}
+        if load.get("described"):
+            rows.append(f"| {notebook} | load placed from it | {load['described']} | |")
+    if not rows:
+        return []
+    return ["", "## Load, placed from measured capacity", "",
+            "| notebook | workload | one at a time (req/s) | saturated (req/s) |",
+            "|---|---|---|---|", *rows]
+
+
 def build_index(run_dir: str | Path) -> tuple[Path, Path]:
     """Write `index.md` and `index.html` for a run folder made by runall."""
     run_dir = Path(run_dir)
@@ -144,6 +163,7 @@ def build_index(run_dir: str | Path) -> tuple[Path, Path]:
         for nb in errors:
             md += [f"### {nb['name']}", "", "```", nb["error"].strip()[-3000:], "```", ""]
     md += _checklist_section(results.get("12_checklist"))
+    md += _load_section(results)
     md += ["", "## Findings", "",
            "| notebook | " + " | ".join(FINDING_COLUMNS) + " |",
            "|---" * (len(FINDING_COLUMNS) + 1) + "|"]

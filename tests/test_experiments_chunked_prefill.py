@@ -275,7 +275,7 @@ def _headline_table():
                 stall_itl_ms_max=1800.0, max_prefill_tokens_per_step=1600,
                 max_step_ms=1700.0, server_ttft_ms_p99=950.0, server_itl_ms_p99=1500.0,
                 prefill_steps=3, server_prefill_ms_mean=1900.0, tokens_per_busy_s=400.0,
-                engine_steps=120, output_tok_s=20.0)
+                engine_steps=120, output_tok_s=20.0, waiting_max=3.0, waiting_mean=0.5)
     return pd.DataFrame([
         {"arm": "off (budget 4096)", "chunked_prefill": False, "max_num_batched_tokens": 4096,
          **cols},
@@ -284,7 +284,8 @@ def _headline_table():
          "long_ttft_ms_median": 2200.0, "stall_itl_ms_max": 300.0,
          "max_prefill_tokens_per_step": 256, "max_step_ms": 310.0, "server_ttft_ms_p99": 650.0,
          "server_itl_ms_p99": 250.0, "prefill_steps": 21, "server_prefill_ms_mean": 2100.0,
-         "tokens_per_busy_s": 380.0, "engine_steps": 150, "output_tok_s": 19.5},
+         "tokens_per_busy_s": 380.0, "engine_steps": 150, "output_tok_s": 19.5,
+         "waiting_max": 1.0, "waiting_mean": 0.25},
         {"arm": "on, budget 1024", "chunked_prefill": True, "max_num_batched_tokens": 1024,
          **cols, "short_ttft_ms_p99": 1.0}]).set_index("arm")
 
@@ -300,6 +301,9 @@ def test_findings_compare_off_with_the_smallest_budget(tmp_path):
     assert found[0]["mechanism"].startswith(
         "largest prefill per engine step 1600 -> 256 tokens, longest step 1700 -> 310 ms")
     assert "median TTFT 800 -> 700 ms" in found[0]["mechanism"]
+    assert "vllm:num_requests_waiting max 3 -> 1 (mean 0.50 -> 0.25" in found[0]["mechanism"]
+    assert "at most 3 → 1 requests, 0.50 → 0.25 on average" in cp.this_run(
+        *cp.headline_rows(_headline_table()), "on, budget 256")
     assert "vllm:inter_token_latency_seconds p99 1500 -> 250 ms" in found[1]["mechanism"]
     assert found[2]["mechanism"].startswith("prefill steps 3 -> 21")
     assert found[3]["mechanism"].startswith("engine steps 120 -> 150; output 20.0 -> 19.5")
@@ -332,3 +336,42 @@ def test_vllm_source_reads_the_installed_files():
     text = cp.vllm_source("config/scheduler.py", "def verify_max_model_len", 6)
     assert text.startswith("# vllm ") and "vllm/config/scheduler.py\n" in text and "max_num_batched_tokens" in text
     assert "no line containing" in cp.vllm_source("config/scheduler.py", "no such line here")
+
+
+# --------------------------------------------------------------------------
+# The load, placed from measured capacity
+# --------------------------------------------------------------------------
+
+def _capacity(max_rate, sync_e2e_s=0.5):
+    from lab_utils.capacity import Capacity
+    return Capacity(sync_e2e_s=sync_e2e_s, max_rate=max_rate, concurrency=8, requests=16,
+                    seconds=10.0, workload="short", engine="off")
+
+
+def test_load_scales_with_the_engine_so_the_queue_is_the_same():
+    """A machine half as fast gets half the short rate and long prompts twice
+    as far apart: the same requests per long-prompt gap, the same share of
+    capacity."""
+    fast = cp.place_load(_capacity(6.0), 2.0, short_load=0.25, long_requests=3, long_spacing=2.0)
+    slow = cp.place_load(_capacity(3.0), 4.0, short_load=0.25, long_requests=3, long_spacing=2.0)
+    assert fast.short_rate == 1.5 and slow.short_rate == 0.75      # 0.25 x 6, 0.25 x 3
+    assert fast.long_at == (2.0, 6.0, 10.0)                        # 4 s gaps, half a gap in
+    assert slow.long_at == (4.0, 12.0, 20.0)
+    assert fast.n_short == slow.n_short == 15                      # 1.5 x 10 = 0.75 x 20
+    assert fast.short_share == pytest.approx(0.25) == slow.short_share
+    assert "1.5 req/s = 0.25 x the 6 req/s" in fast.describe()
+    assert "every 4.00 s; one alone took 2.00 s" in fast.describe()
+    assert fast.workload() == {"n_short": 15, "short_rate": 1.5, "long_at": [2.0, 6.0, 10.0]}
+
+
+def test_explicit_load_needs_no_measurement():
+    load = cp.place_load(None, None, short_load=0.25, long_requests=3, long_spacing=2.0,
+                         short_rate=1.5, long_at=[1.5, 6.0], n_short=12)
+    assert (load.short_rate, load.long_at, load.n_short) == (1.5, (1.5, 6.0), 12)
+    assert load.short_share is None
+    assert cp.place_load(None, None, short_load=0, long_requests=0, long_spacing=0,
+                         short_rate=2.0).n_short == 4                # no longs: the minimum
+    with pytest.raises(ValueError, match="short_rate > 0"):
+        cp.place_load(None, 2.0, short_load=0.25, long_requests=3, long_spacing=2.0)
+    with pytest.raises(ValueError, match="long_at"):
+        cp.place_load(_capacity(6.0), None, short_load=0.25, long_requests=3, long_spacing=2.0)

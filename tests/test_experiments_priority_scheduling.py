@@ -140,17 +140,18 @@ class _Counted:
 
 def test_findings_read_the_table_hand_made():
     columns = ["interactive TTFT p50", "interactive TTFT p99", "batch job done at (s)",
-               "batch held p50 (s)", "max waiting (sampled)", "max running (sampled)"]
-    table = pd.DataFrame([[2500.0, 5600.0, 8.3, 0.0, 9, 4],
-                          [310.0, 2300.0, 11.8, 0.0, 5, 4],
-                          [3300.0, 6100.0, 8.9, 0.0, 8, 4],
-                          [88.0, 149.0, 17.5, 9.2, 4, 4]],
+               "batch held p50 (s)", "max waiting (sampled)", "mean waiting (sampled)",
+               "max running (sampled)"]
+    table = pd.DataFrame([[2500.0, 5600.0, 8.3, 0.0, 9, 3.25, 4],
+                          [310.0, 2300.0, 11.8, 0.0, 5, 2.0, 4],
+                          [3300.0, 6100.0, 8.9, 0.0, 8, 3.0, 4],
+                          [88.0, 149.0, 17.5, 9.2, 4, 1.0, 4]],
                          index=["fcfs", "priority", "equal priority", "admission"], columns=columns)
     arms = {k: _Counted(0.0) for k in table.index}
     found = {f["metric"]: f for f in pr.findings(arms, table)}
     p99 = found["interactive TTFT p99 (ms), fcfs -> priority"]
     assert (p99["baseline"], p99["treated"], p99["p50"]) == (5600.0, 2300.0, [2500.0, 310.0])
-    assert "fcfs: max 9 requests waiting and 4 running" in p99["mechanism"]
+    assert "fcfs: max 9 requests waiting (mean 3.2) and 4 running" in p99["mechanism"]
     price = found["batch job done at (s), fcfs -> admission"]
     assert (price["baseline"], price["treated"]) == (8.3, 17.5)
     assert price["mechanism"].startswith("batch held by the client p50 9.2 s; admission: max 4")
@@ -158,3 +159,33 @@ def test_findings_read_the_table_hand_made():
     assert (control["baseline"], control["treated"]) == (6100.0, 2300.0)
     assert control["technique"] == "scheduling: priority (same engine)"
     assert len(found) == 5
+
+
+def _capacity(max_rate, concurrency=4):
+    from lab_utils.capacity import Capacity
+    return Capacity(sync_e2e_s=0.6, max_rate=max_rate, concurrency=concurrency, requests=16,
+                    seconds=9.0, workload="interactive", engine="fcfs")
+
+
+def test_the_peak_stretches_with_a_slower_engine():
+    """Half the capacity: the same 12 requests over twice the time, and an
+    admission window of the same number of arrival gaps."""
+    fast = pr.place_peak(_capacity(5.0), interactive=12, interactive_load=0.3)
+    slow = pr.place_peak(_capacity(2.5), interactive=12, interactive_load=0.3)
+    assert fast.peak_s == 8.0 and slow.peak_s == 16.0          # 12 / (0.3 x 5), 12 / (0.3 x 2.5)
+    assert fast.window_s == 3.0 and slow.window_s == 6.0       # 4.5 gaps of 8/12 s, of 16/12 s
+    assert fast.rate == 1.5 and fast.share == pytest.approx(0.3) == slow.share
+    assert "1.5 req/s = 0.30 x the 5 req/s the engine served with 4 in flight" in fast.describe()
+
+
+def test_an_explicit_peak_needs_no_capacity():
+    p = pr.place_peak(None, interactive=12, interactive_load=0.3, peak_s=8.0, window_s=2.0)
+    assert (p.peak_s, p.window_s, p.share) == (8.0, 2.0, None)
+    assert pr.place_peak(None, interactive=8, interactive_load=0, peak_s=6.0).window_s == 3.4
+    with pytest.raises(ValueError, match="peak_s > 0"):
+        pr.place_peak(None, interactive=12, interactive_load=0.3)
+
+
+def test_capacity_concurrency_fills_the_slots():
+    assert pr.capacity_concurrency(4) == 4 and pr.capacity_concurrency(16) == 16
+    assert pr.capacity_concurrency(0) == 16 and pr.capacity_concurrency(64) == 16

@@ -206,6 +206,25 @@ def served_ahead(recs: list[dict], margin_s: float = 0.02) -> int:
                if b["start"] < i["start"] and first[id(i)] + margin_s < first[id(b)])
 
 
+def test_01_the_load_is_placed_from_the_capacity_of_the_first_arm(smoke_results):
+    """The short stream runs at `short_load` of the short requests' measured
+    saturated rate, the long prompts `long_spacing` solo latencies apart, and
+    vLLM's queue was sampled in every arm."""
+    data = results_of(smoke_results, "01_chunked_prefill")
+    params, load = data["parameters"], data["load"]
+    first = data["engines"][0]["label"]
+    caps = {key.split(" | ", 1)[1]: cap for key, cap in data["capacity"].items()
+            if key.startswith(first + " | ")}
+    short = next(c for w, c in caps.items() if w.startswith("01 short"))
+    long = next(c for w, c in caps.items() if w.startswith("01 long"))
+    assert load["short_rate"] == pytest.approx(params["short_load"] * short["max_rate"], rel=0.01)
+    gaps = [b - a for a, b in zip(load["long_at"], load["long_at"][1:])]
+    assert gaps and all(g == pytest.approx(params["long_spacing"] * long["sync_e2e_s"], abs=0.02)
+                        for g in gaps)
+    for label, arm in data["arms"].items():
+        assert arm["queue"]["samples"] > 0, label
+
+
 def test_09_priority_serves_interactive_requests_ahead_of_queued_batch_ones(smoke_results):
     data = results_of(smoke_results, "09_priority_scheduling")
     flags = {label: engine_flags(data, arm["engine"]) for label, arm in data["arms"].items()}
@@ -215,6 +234,20 @@ def test_09_priority_serves_interactive_requests_ahead_of_queued_batch_ones(smok
              for label in ("fcfs", "priority")}
     assert ahead["priority"] > 0, "no interactive request overtook a queued batch request"
     assert ahead["priority"] > ahead["fcfs"], ahead
+
+
+def test_09_the_peak_is_placed_from_capacity_and_fcfs_builds_a_queue(smoke_results):
+    """The interactive rate is `interactive_load` of what the FCFS engine
+    served with its slots full; under FCFS vLLM's own gauge shows requests
+    waiting for a slot (the contention the policies act on)."""
+    data = results_of(smoke_results, "09_priority_scheduling")
+    params, load = data["parameters"], data["load"]
+    cap = next(c for key, c in data["capacity"].items() if "09 interactive" in key)
+    assert cap["concurrency"] == params["max_num_seqs"]
+    assert load["interactive_rate"] == pytest.approx(params["interactive_load"] * cap["max_rate"],
+                                                     rel=0.01)
+    assert data["arms"]["fcfs"]["queue"]["waiting_max"] >= 1
+    assert data["arms"]["fcfs"]["queue"]["running_max"] == params["max_num_seqs"]
 
 
 def test_11_each_engines_own_count_equals_the_routers_decisions(smoke_results):

@@ -152,3 +152,19 @@ def test_engine_budget_counts_starts_and_what_reuse_would_save():
     assert (b["starts"], b["configurations"]) == (4, 2)
     assert b["startup_s"] == 87.0 and b["notebooks_s"] == 300.0 and b["share"] == 0.29
     assert (b["reusable_starts"], b["reusable_s"]) == (2, 46.0)
+
+
+def test_build_index_shows_the_load_placed_from_capacity(run_dir):
+    (run_dir / "results" / "01_chunked_prefill.json").write_text(json.dumps({
+        "notebook": "01_chunked_prefill", "findings": [],
+        "capacity": {"off (budget 4096) | 01 short chat requests": {
+            "sync_e2e_s": 0.97, "sync_rate": 1.031, "max_rate": 5.432, "concurrency": 8}},
+        "load": {"described": "13 short requests at 1.36 req/s = 0.25 x the 5.43 req/s"}}))
+    md = build_index(run_dir)[0].read_text()
+    assert "## Load, placed from measured capacity" in md
+    assert "| 01_chunked_prefill | 01 short chat requests | 1.03 | 5.43 (8 in flight) |" in md
+    assert "| 01_chunked_prefill | load placed from it | 13 short requests at 1.36 req/s" in md
+
+
+def test_build_index_without_capacity_has_no_load_section(run_dir):
+    assert "Load, placed" not in build_index(run_dir)[0].read_text()

@@ -31,7 +31,9 @@ import numpy as np
 import pandas as pd
 
 from .. import arms
+from ..capacity import Capacity, measure_capacity
 from ..client import Client, Load, RequestRecord, RequestSpec, Run
+from ..counters import GaugeSampler
 from ..engine_steps import StepLog, parse_iteration_log, step_stats
 from ..host import host_load
 from ..results import Results, measure
@@ -106,6 +108,130 @@ def mixed_workload(engine, *, n_short: int = 12, short_rate: float = 1.5,
             f"{short_output_tokens} output tokens) + {n_l} long requests of "
             f"{long_prompt_tokens} prompt tokens at {list(long_at)} s")
     return Workload(specs, Load.at([t for t, _ in schedule]), int(long_prompt_tokens), desc)
+
+
+# --------------------------------------------------------------------------
+# The load, placed from what the engine measured
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PlacedLoad:
+    """The schedule's load and where it came from: the short stream's rate as
+    a share of the engine's measured capacity for short requests, and the
+    long requests' spacing in multiples of one long request's solo latency.
+    Then the queue a long prompt builds is the same on a slow CPU, a fast CPU
+    and a GPU. Explicit values (`short_rate`, `long_at`) are used as given."""
+    short_rate: float
+    long_at: tuple[float, ...]
+    n_short: int
+    short_capacity: Capacity | None = None
+    long_solo_s: float | None = None
+
+    def workload(self) -> dict[str, Any]:
+        """The `mixed_workload` keywords of this load."""
+        return {"n_short": self.n_short, "short_rate": self.short_rate,
+                "long_at": list(self.long_at)}
+
+    @property
+    def short_share(self) -> float | None:
+        """The short stream's rate over the short requests' saturation throughput."""
+        cap = self.short_capacity
+        return self.short_rate / cap.max_rate if cap and cap.max_rate > 0 else None
+
+    def describe(self) -> str:
+        parts = [f"{self.n_short} short requests at {self.short_rate:.3g} req/s"]
+        if self.short_share is not None:
+            parts[0] += (f" = {self.short_share:.2f} x the {self.short_capacity.max_rate:.3g} "
+                         "req/s the engine served saturated")
+        gaps = np.diff(self.long_at)
+        parts.append(f"{len(self.long_at)} long requests at {[round(t, 2) for t in self.long_at]}"
+                     " s" + (f" (every {gaps.mean():.2f} s" if len(gaps) else " (")
+                     + (f"; one alone took {self.long_solo_s:.2f} s)" if self.long_solo_s
+                        else ")"))
+        return "; ".join(parts)
+
+
+def place_load(short: Capacity | None, long_solo_s: float | None, *, short_load: float,
+               long_requests: int, long_spacing: float, short_rate: float = 0.0,
+               long_at: Sequence[float] = (), n_short: int = 0) -> PlacedLoad:
+    """The schedule of the sweep (pure). The short stream runs at `short_load`
+    x the short requests' saturation throughput (`short.max_rate`) unless
+    `short_rate` > 0 fixes it; `long_requests` long prompts arrive
+    `long_spacing` x `long_solo_s` apart (the first half a gap in) unless
+    `long_at` fixes the times; `n_short` (0: enough to keep the stream going
+    until the last long prompt arrives, at least 4)."""
+    if short_rate > 0:
+        rate = float(short_rate)
+    elif short is not None and short.max_rate > 0 and short_load > 0:
+        rate = short.fraction(short_load)
+    else:
+        raise ValueError("no short-request rate: give short_rate > 0, or short_load > 0 and a "
+                         "measured capacity")
+    if long_at:
+        times = tuple(float(t) for t in long_at)
+    elif long_requests > 0:
+        if not (long_solo_s and long_solo_s > 0 and long_spacing > 0):
+            raise ValueError("no long-request times: give long_at, or long_spacing > 0 and a "
+                             "measured long-request latency")
+        gap = long_spacing * long_solo_s
+        times = tuple(round(gap * (i + 0.5), 2) for i in range(int(long_requests)))
+    else:
+        times = ()
+    span = max(times, default=0.0)
+    n = int(n_short) if n_short > 0 else max(4, math.ceil(rate * span))
+    return PlacedLoad(float(f"{rate:.3g}"), times, n, short, long_solo_s)
+
+
+def measure_load(ctx, engine, *, short_output_tokens: int, long_prompt_tokens: int,
+                 long_output_tokens: int = 8, seed: int = 0, budget_s: float = 60.0,
+                 progress: bool = True) -> tuple[Capacity, Capacity]:
+    """The two measurements `place_load` needs, on `engine` (cached in the
+    run's results, `lab_utils.capacity`), after one unmeasured request of each
+    shape: the short requests' capacity (one at a time, then 8 in flight) and
+    a long request's latency alone (three one at a time, then one more)."""
+    cache, results = ctx.results.dir / "capacity.json", ctx.results
+    _warm_up(engine, long_prompt_tokens)
+    short = measure_capacity(
+        engine, lambda n, s: chat_specs(n, max_tokens=short_output_tokens, seed=seed + s,
+                                        tag=SHORT, ignore_eos=True),
+        workload=f"01 short chat requests, {short_output_tokens} output tokens",
+        budget_s=budget_s, cache=cache, results=results, progress=progress)
+    tok = tokenizer_for(engine)
+    long = measure_capacity(
+        engine, lambda n, s: synthetic_specs(tok, n, int(long_prompt_tokens),
+                                             max_tokens=long_output_tokens, tag=LONG,
+                                             seed=next(_fresh) * 7919 + s),
+        workload=f"01 long prompt, {long_prompt_tokens} tokens", sequential=3, requests=1,
+        concurrency=1, budget_s=budget_s, cache=cache, results=results, progress=progress)
+    return short, long
+
+
+def load_for(ctx, *, short_load: float, long_requests: int, long_spacing: float,
+             short_rate: float = 0.0, long_at: Sequence[float] = (), n_short: int = 0,
+             short_output_tokens: int = 32, long_prompt_tokens: int = 1536, seed: int = 0,
+             budget_s: float = 60.0, progress: bool = True) -> PlacedLoad:
+    """The notebook's load: measured on the plan's first arm the target can
+    serve (the off arm on a local profile; the sweep then reuses that engine)
+    unless every value is given explicitly. Recorded in the results."""
+    short = long = None
+    if not (short_rate > 0 and (long_at or long_requests == 0)):
+        engine = next((e for e in map(ctx.arm, ctx.plan.names) if e is not None), None)
+        if engine is None:
+            raise RuntimeError("no arm of the plan can run here, so no capacity to place "
+                               "the load from (see the skipped arms above)")
+        short, long = measure_load(ctx, engine, short_output_tokens=short_output_tokens,
+                                   long_prompt_tokens=long_prompt_tokens, seed=seed,
+                                   budget_s=budget_s, progress=progress)
+    placed = place_load(short, long.sync_e2e_s if long else None, short_load=short_load,
+                        long_requests=long_requests, long_spacing=long_spacing,
+                        short_rate=short_rate, long_at=long_at, n_short=n_short)
+    ctx.results.data["load"] = {**placed.workload(), "short_share": placed.short_share,
+                                "long_solo_s": placed.long_solo_s,
+                                "short_load": short_load if short_rate <= 0 else None,
+                                "long_spacing": long_spacing if not long_at else None,
+                                "described": placed.describe()}
+    ctx.results.save()
+    return placed
 
 
 # --------------------------------------------------------------------------
@@ -272,6 +398,7 @@ class ArmRun:
     threshold: int = 0                 # long_prefill_token_threshold (0 = none)
     steps: pd.DataFrame = field(default_factory=lambda: parse_iteration_log(""))
     host_load: float = math.nan        # 1-minute load average around the run
+    queue: dict[str, Any] = field(default_factory=dict)   # GaugeSampler.summary()
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -305,11 +432,17 @@ def arm_row(arm: ArmRun) -> dict[str, Any]:
             "server_prefill_ms_mean": _ms(c.get("server_prefill_s_mean")),
             "prefix_cache_hits": c.get("prefix_cache_hits"),
             "host_load_1m": arm.host_load,
+            "waiting_max": _num(arm.queue.get("waiting_max")),
+            "waiting_mean": _num(arm.queue.get("waiting_mean")),
             **step_stats(arm.steps)}
 
 
 def _ms(seconds: float | None) -> float:
     return seconds * 1e3 if seconds is not None else math.nan
+
+
+def _num(value: float | None) -> float:
+    return float(value) if value is not None else math.nan
 
 
 def sweep_table(runs: Mapping[str, ArmRun]) -> pd.DataFrame:
@@ -319,13 +452,13 @@ def sweep_table(runs: Mapping[str, ArmRun]) -> pd.DataFrame:
     return pd.DataFrame([arm_row(a) for a in runs.values()], columns=columns).set_index("arm")
 
 
-def _warm_up(engine, workload: Workload) -> None:
+def _warm_up(engine, long_prompt_tokens: int = 0) -> None:
     """One short and one long request first, not measured: the first pass of a
     shape through a fresh engine pays one-time costs that would land on
-    whichever arm happens to meet it first."""
+    whichever arm (or measurement) happens to meet it first."""
     warm = [chat_specs(1, max_tokens=4, seed=99)[0]]
-    if workload.n_long:
-        warm += synthetic_specs(tokenizer_for(engine), 1, workload.long_prompt_tokens,
+    if long_prompt_tokens:
+        warm += synthetic_specs(tokenizer_for(engine), 1, int(long_prompt_tokens),
                                 max_tokens=1, seed=next(_fresh) * 7919 + 1, tag="warm-up")
     Client.for_engine(engine).run(warm, Load.sequential(), progress=False)
 
@@ -335,19 +468,20 @@ def run_arm(engine, workload: Workload, arm: arms.Arm, *, results: Results | Non
     """Send the workload once on `engine`, the engine of `arm`; keep the
     counter deltas (in `run.counters`) and the engine steps the server logged
     meanwhile."""
-    _warm_up(engine, workload)
+    _warm_up(engine, workload.long_prompt_tokens if workload.n_long else 0)
     log = StepLog(engine).start()
     load_before = host_load()
-    run = measure(engine, workload.specs, workload.load, label=arm.name, results=results,
-                  progress=progress, workload=workload.description)
+    with GaugeSampler(engine, interval_s=0.25) as gauges:
+        run = measure(engine, workload.specs, workload.load, label=arm.name, results=results,
+                      progress=progress, workload=workload.description)
     flags = arm.flags
     out = ArmRun(arm.name, bool(flags.get("enable_chunked_prefill")),
                  flags.get("max_num_batched_tokens"), run,
                  int(flags.get("long_prefill_token_threshold", 0)), log.read(),
-                 (load_before + host_load()) / 2)
+                 (load_before + host_load()) / 2, gauges.summary())
     if results is not None:
         results.data["arms"][arm.name].update(engine_steps=step_stats(out.steps),
-                                              host_load_1m=out.host_load)
+                                              host_load_1m=out.host_load, queue=out.queue)
         results.save()
     return out
 
@@ -426,7 +560,9 @@ def findings(table: pd.DataFrame) -> list[dict[str, Any]]:
                        f"{b.blocked_short_ttft_ms_median:.0f} -> "
                        f"{t.blocked_short_ttft_ms_median:.0f} ms; "
                        f"vllm:time_to_first_token_seconds p99 {b.server_ttft_ms_p99:.0f} -> "
-                       f"{t.server_ttft_ms_p99:.0f} ms"),
+                       f"{t.server_ttft_ms_p99:.0f} ms; vllm:num_requests_waiting max "
+                       f"{b.waiting_max:.0f} -> {t.waiting_max:.0f} (mean {b.waiting_mean:.2f}"
+                       f" -> {t.waiting_mean:.2f}, sampled every 0.25 s)"),
         dict(technique="chunked prefill",
              metric="decode stall: max ITL (ms) of short requests streaming when a long prompt "
                     f"arrived, off -> {on}",
@@ -480,6 +616,9 @@ def this_run(b: pd.Series, t: pd.Series, label: str) -> str:
         "long prompts " + way(b.long_ttft_ms_median, t.long_ttft_ms_median, "gained", "paid")
         + f"; engine throughput while busy {b.tokens_per_busy_s:,.0f} → "
         f"{t.tokens_per_busy_s:,.0f} tokens/s.",
+        f"- **vLLM's waiting queue** (`vllm:num_requests_waiting`, sampled every 0.25 s): at "
+        f"most {b.waiting_max:.0f} → {t.waiting_max:.0f} requests, "
+        f"{b.waiting_mean:.2f} → {t.waiting_mean:.2f} on average.",
     ]
     return f"In this run (off → {label}):\n\n" + "\n".join(lines)
 
@@ -492,7 +631,7 @@ SUMMARY_COLUMNS = ["short_ttft_ms_p50", "short_ttft_ms_p99", "blocked_short_ttft
 MECHANISM_COLUMNS = ["max_prefill_tokens_per_step", "max_step_ms", "prefill_steps",
                      "engine_steps", "tokens_per_busy_s", "server_ttft_ms_p99",
                      "server_itl_ms_p99", "server_queue_ms_mean", "server_prefill_ms_mean",
-                     "prefix_cache_hits"]
+                     "waiting_max", "waiting_mean", "prefix_cache_hits"]
 
 
 # --------------------------------------------------------------------------
@@ -564,7 +703,8 @@ def plot_steps(runs: Mapping[str, ArmRun], labels: Sequence[str] | None = None,
     return fig
 
 
-__all__ = ["ArmRun", "MECHANISM_COLUMNS", "SUMMARY_COLUMNS", "StepLog", "Workload", "arm_flags",
+__all__ = ["ArmRun", "MECHANISM_COLUMNS", "PlacedLoad", "SUMMARY_COLUMNS", "StepLog", "Workload",
+           "arm_flags", "load_for", "measure_load", "place_load",
            "arm_label", "arm_notes", "arm_row", "arrived_during_long_prefill",
            "chunked_prefill_sweep", "decode_stall", "decoding_when_long_arrived", "explore_arm",
            "findings", "headline_arms", "headline_rows", "mixed_schedule", "mixed_workload",

@@ -38,6 +38,7 @@ from ..admission import (
     ScheduledRun,
     run_schedule_async,
 )
+from ..capacity import Capacity, measure_capacity
 from ..client import Client, RequestSpec, run_sync
 from ..counters import GaugeSampler, delta, scrape
 from ..metrics import SLO, summarize
@@ -144,8 +145,97 @@ def slot_demand(workload: Workload, service_s: dict[str, float], slots: int,
 
 
 # --------------------------------------------------------------------------
-# Sampling vLLM's queue while an arm runs
+# The peak, placed from what the engine measured
 # --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PeakLoad:
+    """How long the peak lasts and the admission window, from the engine's
+    measured capacity for interactive requests: the interactive requests
+    arrive at `interactive_load` x the rate the engine serves with its slots
+    full, so the batch job and the peak contend for the slots in the same
+    proportion on a slow CPU, a fast CPU and a GPU. Explicit values are used
+    as given."""
+    peak_s: float
+    window_s: float
+    interactive: int
+    capacity: Capacity | None = None
+
+    @property
+    def rate(self) -> float:
+        """Interactive arrivals per second during the peak."""
+        return self.interactive / self.peak_s if self.peak_s > 0 else math.nan
+
+    @property
+    def share(self) -> float | None:
+        """The interactive rate over the saturated throughput."""
+        cap = self.capacity
+        return self.rate / cap.max_rate if cap and cap.max_rate > 0 else None
+
+    def describe(self) -> str:
+        text = (f"{self.interactive} interactive requests in a {self.peak_s:.1f} s peak "
+                f"({self.rate:.3g} req/s")
+        if self.share is not None:
+            text += (f" = {self.share:.2f} x the {self.capacity.max_rate:.3g} req/s the engine "
+                     f"served with {self.capacity.concurrency} in flight")
+        return text + f"); off-peak after {self.window_s:.1f} s without an interactive arrival"
+
+
+#: The admission window, in mean gaps between interactive arrivals, when not given.
+WINDOW_GAPS = 4.5
+
+
+def place_peak(capacity: Capacity | None, *, interactive: int, interactive_load: float,
+               peak_s: float = 0.0, window_s: float = 0.0) -> PeakLoad:
+    """The peak (pure): `peak_s` > 0 is used as given, else the interactive
+    requests arrive at `interactive_load` x `capacity.max_rate`; the admission
+    window `window_s` > 0 as given, else `WINDOW_GAPS` mean arrival gaps."""
+    if peak_s <= 0:
+        if capacity is None or not capacity.max_rate > 0 or not interactive_load > 0:
+            raise ValueError("no peak length: give peak_s > 0, or interactive_load > 0 and a "
+                             "measured capacity")
+        peak_s = float(f"{interactive / capacity.fraction(interactive_load):.3g}")
+    if window_s <= 0:
+        window_s = round(WINDOW_GAPS * peak_s / max(interactive, 1), 1)
+    return PeakLoad(float(peak_s), float(window_s), int(interactive), capacity)
+
+
+def capacity_concurrency(max_num_seqs: int) -> int:
+    """Requests in flight for the saturation run: the engine's slots (vLLM's
+    default, 0, is 128 on CPU: 16 in flight saturate a small model there)."""
+    return int(max_num_seqs) if 0 < max_num_seqs <= 16 else 16
+
+
+def peak_for(ctx, *, interactive: int, interactive_load: float, peak_s: float = 0.0,
+             window_s: float = 0.0, max_num_seqs: int = 4,
+             interactive_tokens: tuple[int, int] = (16, 32), seed: int = 0,
+             budget_s: float = 45.0, progress: bool = True) -> PeakLoad:
+    """The notebook's peak: the FCFS engine's capacity for interactive
+    requests is measured (cached in the run's results, `lab_utils.capacity`)
+    unless `peak_s` is given, and the result recorded under `load`."""
+    capacity = None
+    if peak_s <= 0:
+        engine = warm_engine(ctx, FCFS) or warm_engine(ctx, PRIORITY)
+        if engine is None:
+            raise RuntimeError("neither engine of the plan can run here, so there is no "
+                               "capacity to place the peak from: give peak_s > 0")
+        lo, hi = interactive_tokens
+        capacity = measure_capacity(
+            engine, lambda n, s: mixed_workload(interactive=n, batch=0,
+                                                interactive_tokens=(lo, hi),
+                                                seed=seed + s).specs,
+            workload=f"09 interactive chat, {lo}-{hi} output tokens",
+            concurrency=capacity_concurrency(max_num_seqs), budget_s=budget_s,
+            cache=ctx.results.dir / "capacity.json", results=ctx.results, progress=progress)
+    peak = place_peak(capacity, interactive=interactive, interactive_load=interactive_load,
+                      peak_s=peak_s, window_s=window_s)
+    ctx.results.data["load"] = {"peak_s": peak.peak_s, "admission_window_s": peak.window_s,
+                                "interactive_rate": peak.rate, "interactive_share": peak.share,
+                                "described": peak.describe()}
+    ctx.results.save()
+    return peak
+
+
 
 @dataclass
 class Arm:
@@ -184,6 +274,7 @@ def run_arm(engine, workload: Workload, *, label: str, policy=None,
         results.add_engine(engine)
         results.add_arm(label, scheduled.run, slo, engine=engine.label,
                         policy=getattr(policy, "describe", lambda: "none")(),
+                        queue=gauges.summary(),
                         **class_summaries(arm, slo))
     if failed and len(failed) == len(arm.records):
         raise RuntimeError(f"every request of {label!r} failed; first error: {failed[0].error}")
@@ -233,6 +324,7 @@ def arm_row(arm: Arm, slo: SLO | None = None) -> dict[str, Any]:
             "batch job tok/s": b.get("job_throughput_tok_s"),
             "preemptions": arm.counters.get("preemptions"),
             "max waiting (sampled)": g.requests_waiting.max() if len(g) else None,
+            "mean waiting (sampled)": g.requests_waiting.mean() if len(g) else None,
             "max running (sampled)": g.requests_running.max() if len(g) else None,
             "failed": sum(1 for r in arm.records if not r.ok)}
 
@@ -343,7 +435,8 @@ def findings(arms: dict[str, Arm], table: pd.DataFrame) -> list[dict[str, Any]]:
     same-engine control; the mechanism is vLLM's queue gauges and preemptions."""
     def evidence(label: str) -> str:
         row = table.loc[label]
-        return (f"{label}: max {row['max waiting (sampled)']:.0f} requests waiting and "
+        return (f"{label}: max {row['max waiting (sampled)']:.0f} requests waiting (mean "
+                f"{row['mean waiting (sampled)']:.1f}) and "
                 f"{row['max running (sampled)']:.0f} running (vllm:num_requests_waiting/running), "
                 f"vllm:num_preemptions_total delta {arms[label].counters['preemptions']:.0f}")
 
@@ -441,8 +534,11 @@ __all__ = [
     "INTERACTIVE_PRIORITY",
     "PRIORITY",
     "Arm",
+    "PeakLoad",
+    "WINDOW_GAPS",
     "Workload",
     "arm_row",
+    "capacity_concurrency",
     "class_summaries",
     "compare",
     "engine_flags",
@@ -450,6 +546,8 @@ __all__ = [
     "fcfs_arm",
     "findings",
     "mixed_workload",
+    "peak_for",
+    "place_peak",
     "plan",
     "plot_queue",
     "plot_timelines",
