@@ -19,6 +19,10 @@ import numpy as np
 
 GIB = 1 << 30
 
+#: vLLM's KV block size when the flags set none: CacheConfig.DEFAULT_BLOCK_SIZE
+#: on GPUs, 128 tokens on the CPU backend (vllm/platforms/cpu.py).
+DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
+
 #: Bytes per element of the dtypes a model or its KV cache runs in.
 ELEMENT_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2,
                   "half": 2, "fp16": 2}

@@ -15,3 +15,14 @@ def cache_dir() -> Path:
     env = os.environ.get("LAB_CACHE_DIR")
     base = Path(env) if env else Path.home() / ".cache" / "vllm-latency-lab"
     return base.expanduser()
+
+
+def notebooks(only: list[str] | None = None, folder: Path = NOTEBOOKS_DIR) -> list[Path]:
+    """The numbered notebooks in `folder`, those whose names start with one of
+    `only` if given (SystemExit naming the pattern when none matches)."""
+    found = sorted(Path(folder).glob("[0-9]*.ipynb"))
+    if only:
+        found = [p for p in found if any(p.stem.startswith(o) for o in only)]
+    if not found:
+        raise SystemExit(f"no notebook in {folder} matches {only or '[0-9]*.ipynb'}")
+    return found

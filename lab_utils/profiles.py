@@ -87,6 +87,27 @@ class Profile:
 _TRUNCATED = re.compile(r"embedded-(\d+)L")
 
 
+def model_location(ref: str) -> str:
+    """Where a profile's model reference is served from, building nothing:
+    the folder the embedded model or a model derived from it (`embedded-<N>L`,
+    `quantized:<recipe>`) is or will be built in, else the reference itself
+    (a hub id or a path). `Profile.model_for` builds those folders."""
+    if ref == "embedded":
+        from .model import embedded_model_dir
+        return str(embedded_model_dir())
+    if ref.startswith("quantized:"):
+        from .quantize import QuantizeError, quantized_model_dir
+        try:
+            return str(quantized_model_dir(ref.split(":", 1)[1]))
+        except QuantizeError as exc:
+            raise ConfigError(f"{ref!r}: {exc}") from None
+    match = _TRUNCATED.fullmatch(ref)
+    if match:
+        from .derived_models import truncated_model_dir
+        return str(truncated_model_dir(int(match.group(1))))
+    return ref
+
+
 def _derived_model(ref: str) -> str | None:
     """A model `lab_utils` builds from the embedded one, offline, on first use:
     `quantized:<recipe>` (`lab_utils.quantize`, e.g. quantized:w8a8) or
@@ -249,6 +270,18 @@ def _device_rules(device: str, items: Mapping[str, Any]) -> list[str]:
             problems.append("speculative_config must be a dict with 'method' (e.g. 'ngram') "
                             "or 'model' (a draft model), e.g. {'method': 'ngram', "
                             "'num_speculative_tokens': 4, 'prompt_lookup_max': 4}")
+    return problems
+
+
+def flag_problems(profile: Profile, items: Mapping[str, Any]) -> list[str]:
+    """Everything `engine_argv` would refuse in these flags (the device rules,
+    then options or choices the installed vLLM does not know), one message
+    per problem, each naming its fix."""
+    problems = _device_rules(profile.device, items)
+    try:
+        check_known_options(items)
+    except ConfigError as exc:
+        problems += [line.removeprefix("- ") for line in str(exc).splitlines()[1:]]
     return problems
 
 

@@ -4,7 +4,7 @@
     python -m lab_utils.runall --only 00 02       # a subset (name prefixes)
     python -m lab_utils.runall --smoke            # smoke parameters: a quick check of everything
     python -m lab_utils.runall --profile remote --base-url http://host:8000
-    python -m lab_utils.runall --plan --profile gpu   # the engines each would start; starts none
+    python -m lab_utils.runall --plan --profile gpu   # each plan checked (lab_utils.plan); starts none
 
 Each run folder holds the executed notebooks, `results/` (findings JSON and
 per-request JSONL), `logs/` (engine logs) and `index.md`/`index.html`;
@@ -22,17 +22,8 @@ import time
 import traceback
 from pathlib import Path
 
-from .paths import NOTEBOOKS_DIR, RUNS_DIR
+from .paths import NOTEBOOKS_DIR, RUNS_DIR, notebooks
 from .report import build_index
-
-
-def notebooks(only: list[str] | None = None, folder: Path = NOTEBOOKS_DIR) -> list[Path]:
-    found = sorted(Path(folder).glob("[0-9]*.ipynb"))
-    if only:
-        found = [p for p in found if any(p.stem.startswith(o) for o in only)]
-    if not found:
-        raise SystemExit(f"no notebook in {folder} matches {only or '[0-9]*.ipynb'}")
-    return found
 
 
 def _wait_for_no_orphans(timeout_s: float = 30) -> list[tuple[int, str]]:
@@ -131,34 +122,15 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
 
 def print_plans(profile_name: str, base_url: str = "", only: list[str] | None = None,
                 params: dict | None = None, folder: Path = NOTEBOOKS_DIR,
-                smoke: bool = False) -> int:
+                smoke: bool = False, gpu: str | None = None) -> int:
     """Print each notebook's declared plan (`lab_utils.arms`) on a profile with
-    its parameters, without starting an engine; 1 if any plan is refused
-    (a flag the installed vLLM or the device rejects, a model a role lacks).
-    On the cpu profile 05 and 06 read this machine's capability probe (run
-    once, a minute per candidate, if it is not cached yet)."""
-    from .experiments import module_for
-    from .notebook import check_parameters, parameter_defaults
-    from .profiles import ConfigError, engine_argv, load_profile
-    from .smoke import smoke_parameters
-    profile = load_profile(profile_name, base_url=base_url)
-    code = 0
-    for path in notebooks(only, folder):
-        defaults = parameter_defaults(path)
-        values = {**defaults, **(smoke_parameters(path.stem) if smoke else {}),
-                  **{k: v for k, v in (params or {}).items() if k in defaults}}
-        try:
-            check_parameters(defaults, values)
-            plan = module_for(path.stem).plan(profile, values).check()
-            if not profile.is_remote:  # the installed vLLM's parser and the device rules
-                for arm in plan.arms:
-                    engine_argv(profile, arm.flags, port=0, model=arm.role or "MODEL")
-        except ConfigError as exc:
-            print(f"{path.stem}: plan refused on profile {profile_name!r}:\n  {exc}\n")
-            code = 1
-            continue
-        print(plan.describe() + "\n")
-    return code
+    its parameters, checked by `lab_utils.plan` (the installed vLLM's parser,
+    the device rules, memory, vocabularies, quantization, implicit knobs),
+    without starting an engine; 1 if any plan has a problem. On the cpu
+    profile 05 and 06 read this machine's capability probe (run once, a
+    minute per candidate, if it is not cached yet)."""
+    from .plan import report
+    return report(profile_name, gpu, base_url, only, params, folder, smoke)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,20 +143,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="each notebook's smoke parameters (notebooks/smoke_parameters.toml)")
     parser.add_argument("--plan", action="store_true",
-                        help="print the engines each notebook would start, start nothing")
+                        help="print the engines each notebook would start, checked "
+                             "(lab_utils.plan), start nothing")
+    parser.add_argument("--gpu", help="with --plan: the GPU a cuda profile is sized for "
+                                      "(lab_utils/profiles/facts/devices.toml)")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[],
                         metavar=("NAME", "JSON"),
                         help="extra notebook parameter, value as JSON (e.g. -p repeats 3)")
     args = parser.parse_args(argv)
-    params = {}
-    for name, raw in args.parameter:
-        try:
-            params[name] = json.loads(raw)
-        except ValueError:
-            params[name] = raw
+    from .plan import parse_parameters
+    params = parse_parameters(args.parameter)
     if args.plan:
         return print_plans(args.profile, args.base_url, args.only, params, args.notebooks_dir,
-                           smoke=args.smoke)
+                           smoke=args.smoke, gpu=args.gpu)
     return run_all(args.profile, args.base_url, args.only, args.runs_dir, params,
                    args.notebooks_dir, smoke=args.smoke)
 
