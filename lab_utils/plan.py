@@ -516,6 +516,23 @@ def _together_problems(plan: Plan, engines: Sequence[Engine]) -> list[str]:
     return out
 
 
+def memory_shares(profile: Profile, arms: Sequence[Arm],
+                  total: float | None = None) -> dict[str, float]:
+    """`gpu_memory_utilization` for arms alive together on one GPU: the
+    profile's share (`total`) split in proportion to what each needs (weights,
+    one max_model_len of KV and the activation allowance; equal parts when a
+    model's figures are unknown), rounded down to 0.01 so they sum to `total`
+    at most. Empty on profiles that do not run on a GPU."""
+    if profile.device != "cuda" or profile.is_remote or not arms:
+        return {}
+    total = float(total if total is not None else
+                  profile.engine.get("gpu_memory_utilization", VLLM_DEFAULT_UTILIZATION))
+    needs = [build_engine(profile, a, None).needed_bytes() for a in arms]
+    if not all(needs):
+        needs = [1] * len(arms)
+    return {a.name: int(total * n / sum(needs) * 100) / 100 for a, n in zip(arms, needs)}
+
+
 def workload_tokens(params: Mapping[str, Any]) -> tuple[int, int]:
     """(prompt tokens, shared prefix tokens) of a notebook's workload, from its
     parameters: the longest prompt it sends and the longest prefix it shares."""
@@ -689,7 +706,8 @@ def parse_parameters(pairs: Sequence[Sequence[str]]) -> dict[str, Any]:
 
 __all__ = ["ACTIVATION_ALLOWANCE_BYTES", "DEFAULT_GPU", "Engine", "PlanCheck", "SHARE_LIMIT",
            "async_scheduling", "build_engine", "check_all", "check_notebook", "check_plan",
-           "notebook_parameters", "predicted_effect", "report", "speculative_method"]
+           "memory_shares", "notebook_parameters", "predicted_effect", "report",
+           "speculative_method"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -84,17 +84,26 @@ def tier_env(profile: Profile, split_cores: bool = False) -> dict[str, dict[str,
 
 def plan(profile: Profile, params: Mapping[str, Any]) -> arms.Plan:
     """The two tiers, alive at once (the routed arm alternates between them):
-    the profile's main model (large, the baseline) and its `small` role."""
+    the profile's main model (large, the baseline) and its `small` role. On a
+    GPU they share one device: each gets its part of the profile's
+    gpu_memory_utilization, in proportion to its weights and one
+    max_model_len of KV (`lab_utils.plan.memory_shares`), as vLLM refuses a
+    second engine whose share exceeds the memory the first left free."""
+    from ..plan import memory_shares
     env = tier_env(profile, bool(params.get("split_cores", False)))
-    # With split_cores the small tier also gets the other half of the cores:
-    # both tiers run at the same time, so it cannot share the large one's
-    # binding. Two knobs by design, declared together.
-    knob = (ROLE, arms.env_knob(BIND)) if env[SMALL] else ROLE
-    return arms.Plan("11_model_tiering", (
-        arms.Arm(LARGE, env=env[LARGE], title="large tier: the profile's model"),
-        arms.Arm(SMALL, role=SMALL_ROLE, env=env[SMALL], knob=knob,
-                 title=f"small tier: the profile's {SMALL_ROLE!r} role")),
-        together=((LARGE, SMALL),))
+    tiers = (arms.Arm(LARGE, env=env[LARGE], title="large tier: the profile's model"),
+             arms.Arm(SMALL, role=SMALL_ROLE, env=env[SMALL],
+                      title=f"small tier: the profile's {SMALL_ROLE!r} role"))
+    shares = memory_shares(profile, tiers)
+    # With split_cores the small tier also gets the other half of the cores,
+    # on a GPU its own memory share: both tiers run at the same time, so it
+    # cannot share the large one's binding or memory. Declared together.
+    knob = tuple(k for k, on in ((ROLE, True), (arms.env_knob(BIND), bool(env[SMALL])),
+                                 ("gpu_memory_utilization", bool(shares))) if on)
+    return arms.Plan("11_model_tiering", tuple(
+        dataclasses.replace(a, flags={"gpu_memory_utilization": shares[a.name]} if shares else {},
+                            knob=(knob if len(knob) > 1 else knob[0]) if a.role else None)
+        for a in tiers), together=((LARGE, SMALL),))
 
 
 def tier_engines(ctx) -> dict[str, Any]:
