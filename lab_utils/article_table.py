@@ -84,6 +84,8 @@ def collect(results_dir: str | Path) -> list[dict[str, Any]]:
             data = json.loads(path.read_text())
         except ValueError:
             continue
+        if not isinstance(data, dict):  # not a results file
+            continue
         env = data.get("environment", {})
         for f in data.get("findings", []):
             out.append({**f, "notebook": data.get("notebook", path.stem),

@@ -88,3 +88,44 @@ def xy(frame, x: str, y: str, hue: str | None = None, *, xlabel: str, ylabel: st
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     return _finish(fig, title, save_to)
+
+
+def article_table_across_runs(checklist, runs: Sequence[str], names: dict[str, str] | None = None,
+                              title: str = "The article's table across runs",
+                              save_to: str | Path | None = None):
+    """Each row of the article's table (technique · metric): the claimed range
+    as a band and each run's measured improvement (%) as a dot with its 95%
+    interval. `checklist` is long (a `run` column beside `checklist_table`'s
+    columns), `runs` the run labels in order, `names` their legend names."""
+    import numpy as np
+
+    from .article_table import ARTICLE_TABLE
+    rows = list(dict.fromkeys(zip(checklist.technique, checklist.metric)))
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(rows) + 1.8))
+    y = np.arange(len(rows))
+    claims = [ARTICLE_TABLE[(t, m.lower())] for t, m in rows]
+    ax.barh(y, [max(hi - lo, 3.0) for lo, hi in claims],  # a point claim stays visible
+            left=[lo if hi - lo >= 3.0 else lo - 1.5 for lo, hi in claims],
+            height=0.7, color="#c7d7ee", label="article's claim", zorder=2)
+    colors = sns.color_palette(n_colors=max(1, len(runs)))
+    offsets = np.linspace(-0.22, 0.22, len(runs)) if len(runs) > 1 else [0.0]
+    for run, color, dy in zip(runs, colors, offsets):
+        part = checklist[checklist.run == run].set_index(["technique", "metric"])
+        for i, row in enumerate(rows):
+            if row not in part.index or not np.isfinite(float(part.loc[row, "measured"])):
+                ax.annotate(f"{run}: missing", (0, i + dy), xytext=(6, -3),
+                            textcoords="offset points", fontsize=8, color=color)
+                continue
+            m = float(part.loc[row, "measured"])
+            ci = part.loc[row, "measured_ci95"]
+            err = ([[m - min(ci)], [max(ci) - m]] if isinstance(ci, (list, tuple))
+                   and None not in ci else None)
+            ax.errorbar(m, i + dy, xerr=err, fmt="o", color=color, ms=7, capsize=3, zorder=3)
+        ax.plot([], [], "o", color=color, label=f"{run}: {(names or {}).get(run, run)}")
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(y, [f"{t} · {m}" for t, m in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("measured improvement (%): TTFT cut, or TPOT speed-up")
+    ax.set_ylabel("row of the article's table")
+    ax.legend(loc="lower right", fontsize=8)
+    return _finish(fig, title, save_to)

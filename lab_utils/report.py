@@ -23,9 +23,11 @@ def load_findings(results_dir: Path) -> dict[str, dict]:
     out = {}
     for path in sorted(Path(results_dir).glob("*.json")):
         try:
-            out[path.stem] = json.loads(path.read_text())
+            data = json.loads(path.read_text())
         except ValueError:
-            out[path.stem] = {"notebook": path.stem, "findings": [], "error": "unreadable JSON"}
+            data = None
+        out[path.stem] = (data if isinstance(data, dict) else
+                          {"notebook": path.stem, "findings": [], "error": "unreadable JSON"})
     return out
 
 
@@ -86,18 +88,24 @@ def _machine_section(results: dict[str, dict]) -> list[str]:
     return md
 
 
+def engine_command(command: str) -> str:
+    """An engine's command line without its port (a new one every start): the
+    engine's configuration."""
+    import re
+    return re.sub(r"--port \d+ ?", "", command).strip()
+
+
 def engine_budget(results: dict[str, dict], status: dict) -> dict[str, Any]:
     """How much of the run went into engine starts: starts recorded in the
     results, distinct configurations (command line without its port), their
     start-up seconds against the notebooks' seconds, and what reusing an
     identical engine across notebooks would save (every start of a
     configuration after its first in another notebook)."""
-    import re
     starts = []
     for notebook, data in results.items():
         for e in data.get("engines", []):
             if e.get("startup_s") is not None:
-                config = re.sub(r"--port \d+ ?", "", e.get("command", ""))
+                config = engine_command(e.get("command", ""))
                 starts.append((notebook, config, float(e["startup_s"])))
     first_in: dict[str, str] = {}
     saved_n, saved_s = 0, 0.0
