@@ -63,8 +63,18 @@ test: setup
 unit: setup
 	$(PY) -m pytest tests -m "not engine and not findings" $(PYTEST_ARGS)
 
-lab: setup
-	$(VENV)/bin/jupyter lab notebooks/
+# JupyterLab asks on its first start whether to fetch Jupyter news from the internet:
+# the lab answers "never" ahead, as an override of the setting's default installed beside
+# the venv's JupyterLab (`fetchNews` of @jupyterlab/apputils-extension:notification; a
+# user's own setting still wins). Its kernels get CurveZMQ keys, as runall's do
+# (jupyter_server's `transport_encryption`): no "running over TCP without encryption".
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.d/vllm-latency-lab.json
+$(LAB_SETTINGS): Makefile | $(STAMP)
+	mkdir -p $(@D)
+	echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false"}}' > $@
+
+lab: setup $(LAB_SETTINGS)
+	$(VENV)/bin/jupyter lab $$($(PY) -c 'import zmq; print("--MappingKernelManager.transport_encryption=auto" if zmq.has("curve") else "")') notebooks/
 
 # What changed between runs (lab_utils.compare): environments, engines, findings,
 # the article's table; A is the reference. Reads results only: no engine starts.

@@ -42,6 +42,18 @@ def _wait_for_no_orphans(timeout_s: float = 30) -> list[tuple[int, str]]:
     return leaks
 
 
+def kernel_config():
+    """Kernels papermill starts get CurveZMQ keys from jupyter_client (its
+    `transport_encryption`, "auto": where the kernelspec declares "curve", as
+    ipykernel's does), so their traffic is encrypted and ipykernel does not warn
+    "Kernel is running over TCP without encryption" once per notebook. A pyzmq
+    built without CurveZMQ keeps the plain default (and the warning)."""
+    import zmq
+    from traitlets.config import Config
+    return Config({"KernelManager": {"transport_encryption": "auto"}} if zmq.has("curve")
+                  else {})
+
+
 def _point_latest(run_dir: Path) -> None:
     latest = run_dir.parent / "latest"
     tmp = run_dir.parent / ".latest.tmp"
@@ -89,7 +101,7 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
             pm.execute_notebook(str(path), str(run_dir / "notebooks" / path.name),
                                 parameters=params, kernel_name="python3",
                                 cwd=str(notebooks_dir), progress_bar=False,
-                                report_mode=False)
+                                report_mode=False, config=kernel_config())
             entry["status"] = "ok"
         except KeyboardInterrupt:
             entry["status"] = "interrupted"
