@@ -298,8 +298,8 @@ def finding_changes(runs: Sequence[RunFolder]) -> pd.DataFrame:
     """Every finding all runs have: three rows each (quantity baseline, treated,
     change_pct), each run's value, and per later run X: `X - A` (absolute; in
     percentage points for change_pct), `X vs A (%)` (relative, for baseline and
-    treated) and, for change_pct where A recorded a 95% interval, whether X's
-    change lies inside it (`X in A's CI95`)."""
+    treated) and, for change_pct where A recorded a 95% bootstrap interval
+    (`A CI95`), whether X's change lies inside it (`X in A's CI95`)."""
     ref, others = runs[0], runs[1:]
     found = [_findings(run) for run in runs]
     common = [k for k in found[0] if all(k in f for f in found[1:])]
@@ -311,6 +311,8 @@ def finding_changes(runs: Sequence[RunFolder]) -> pd.DataFrame:
             row.update({run.label: v for run, v in zip(runs, values)})
             a = values[0]
             ci = found[0][key].get("change_ci95")
+            if quantity == "change_pct" and ci and None not in ci:
+                row[f"{ref.label} CI95"] = f"{min(ci):.3g} … {max(ci):.3g}"
             for run, v in zip(others, values[1:]):
                 row[f"{run.label} - {ref.label}"] = (v - a if None not in (a, v) else None)
                 row[f"{run.label} vs {ref.label} (%)"] = (
@@ -321,11 +323,23 @@ def finding_changes(runs: Sequence[RunFolder]) -> pd.DataFrame:
                               else bool(min(ci) <= v <= max(ci)))
                     row[f"{run.label} in {ref.label}'s CI95"] = inside
             rows.append(row)
-    columns = [*KEY, "quantity", *(r.label for r in runs)]
+    columns = [*KEY, "quantity", *(r.label for r in runs), f"{ref.label} CI95"]
     for run in others:
         columns += [f"{run.label} - {ref.label}", f"{run.label} vs {ref.label} (%)",
                     f"{run.label} in {ref.label}'s CI95"]
     return pd.DataFrame(rows, columns=columns)
+
+
+def beyond_noise(findings: pd.DataFrame, ref: str) -> pd.DataFrame:
+    """The rows of `finding_changes` whose change in a later run lies outside
+    the reference's 95% interval, largest move first."""
+    inside = [c for c in findings.columns if c.endswith(f" in {ref}'s CI95")]
+    changes = findings[findings.quantity == "change_pct"]
+    outside = changes[(changes[inside] == False).any(axis=1)]  # noqa: E712 (None: no interval)
+    moved = outside[[c for c in outside.columns if c.endswith(f" - {ref}")]].abs().max(axis=1)
+    relative = [c for c in outside.columns if c.endswith(f" vs {ref} (%)")]  # none for a change
+    return outside.loc[moved.sort_values(ascending=False).index].drop(
+        columns=["quantity", *relative])
 
 
 def _why_missing(run: RunFolder, notebook: str, technique: str, metric: str) -> str:
@@ -444,8 +458,9 @@ class Comparison:
     only_some: pd.DataFrame
     pages: dict[str, Path] = field(default_factory=dict)
 
-    def _repr_markdown_(self) -> str:  # shown as the page in a notebook
-        return markdown(self)
+    def _repr_markdown_(self) -> str:  # the page in a notebook (its plot: `pages["plot"]`)
+        return "\n".join(line for line in markdown(self).splitlines()
+                         if not line.startswith("!["))
 
 
 def compare(runs: Sequence[RunFolder]) -> Comparison:
@@ -566,6 +581,15 @@ def markdown(c: Comparison) -> str:
     md += (_table(c.verdicts.rename(columns={"other": "verdict in run"}))
            if len(c.verdicts) else ["None: every row of the article's table has the same "
                                     "verdict in every run."])
+    ref_label = c.runs[0].label
+    noise = beyond_noise(c.findings, ref_label)
+    md += ["", f"## Changes outside {ref_label}'s 95% interval", "",
+           f"The findings whose change (%) in a later run lies outside the 95% bootstrap "
+           f"interval {ref_label} recorded for it (only findings with an interval; largest "
+           "move first)."]
+    for col in [c for c in noise.columns if c.endswith(f"- {ref_label}")]:
+        noise[col] = noise[col].map(lambda v: _signed(_number(v)))
+    md += [""] + (_table(noise) if len(noise) else ["None."])
     md += _findings_section(c)
     md += ["", "## Findings not in every run", ""]
     md += (_table(c.only_some) if len(c.only_some)
@@ -626,7 +650,9 @@ def main(argv: list[str] | None = None) -> int:
         for problem in run.problems:
             print(f"   note: {problem}")
     n_common = len(c.findings) // len(QUANTITIES)
-    print(f"findings in every run: {n_common}; not in every run: {len(c.only_some)}; "
+    n_noise = len(beyond_noise(c.findings, c.runs[0].label))
+    print(f"findings in every run: {n_common} ({n_noise} of them changed beyond "
+          f"{c.runs[0].label}'s 95% interval); not in every run: {len(c.only_some)}; "
           f"verdicts changed: {len(c.verdicts)}; notebooks whose status differs: "
           f"{len(c.statuses)}; environment facts that differ: "
           f"{', '.join(c.environment.index[c.environment.differs]) or 'none'}")

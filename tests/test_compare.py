@@ -101,6 +101,8 @@ def test_findings_both_runs_have_with_the_change(runs, tmp_path):
     assert change["B - A"] == pytest.approx(55.0) and math.isnan(change["B vs A (%)"])
     # A's interval lies within [(95-410)/410, (105-390)/390] = [-76.8%, -73.1%]: -20 is outside
     assert change["B in A's CI95"] is False
+    lo, hi = (float(x) for x in change["A CI95"].split(" … "))
+    assert -76.8 <= lo <= hi <= -73.1
     assert set(c.findings.technique) == {PREFIX[0]}   # the only finding both runs have
 
 
@@ -164,8 +166,12 @@ def test_pages_written(runs, tmp_path):
     md = c.pages["markdown"].read_text()
     assert md.startswith("# Comparing runs: A 20250101-100000 · B 20250102-100000\n")
     assert ("| 02_prefix_caching | prefix caching: 512-token system prompt | "
-            "TTFT median (ms), off -> on | baseline | 400 | 500 | +100 | +25 | – |") in md
-    assert "|  |  |  | change (%) | -75 | -20 | +55 | – | no |" in md
+            "TTFT median (ms), off -> on | baseline | 400 | 500 | – | +100 | +25 | – |") in md
+    change = next(line for line in md.splitlines() if "| change (%) |" in line)
+    assert change.startswith("|  |  |  | change (%) | -75 | -20 | -7") and change.endswith(
+        " | +55 | – | no |")   # A's interval: inside -76.8 … -73.1
+    outside = md.split("## Changes outside A's 95% interval", 1)[1].split("## Findings in", 1)[0]
+    assert "| 02_prefix_caching | prefix caching: 512-token system prompt |" in outside
     assert "### 00_baseline: the engines differ" in md
     assert "### 02_prefix_caching: the same engines in every run" in md
     assert "against A's closest engine (arm `baseline`): `2048` instead of `4096`" in md
