@@ -58,8 +58,8 @@ class RunFolder:
     label: str = "A"
 
     @property
-    def name(self) -> str:
-        return self.path.name
+    def name(self) -> str:  # runs/<stamp>/results given: the run's stamp
+        return self.path.parent.name if self.path.name == "results" else self.path.name
 
     @property
     def title(self) -> str:
@@ -171,7 +171,8 @@ def environment_table(runs: Sequence[RunFolder]) -> pd.DataFrame:
             "notebooks' time (s)": _fmt(float(sum(seconds))) if seconds else "–",
             "profile": _distinct([run.status.get("profile")]
                                  + [d.get("profile") for d in run.results.values()]),
-            "smoke parameters": _distinct([run.status.get("smoke")]),
+            "smoke parameters": _distinct([run.status.get("smoke") if run.status else
+                                           any(d.get("smoke") for d in run.results.values())]),
             "base_url": _distinct([run.status.get("base_url")]),
             "machine": _distinct(summary_line(m) for m in machines),
             "machine fingerprint": _distinct(fingerprint(m) for m in machines),
@@ -251,12 +252,11 @@ def parameter_table(runs: Sequence[RunFolder]) -> pd.DataFrame:
 
 
 def status_table(runs: Sequence[RunFolder]) -> pd.DataFrame:
-    """The notebooks whose status differs between runs: notebook, each run's
-    status ("not in the run" where it is not listed; "recorded results" for a bare
-    results folder) and the last line of its error where it failed."""
+    """The notebooks whose status differs between the runs that recorded
+    statuses (a bare results folder has none): notebook, each run's status
+    ("not in the run" where it is not listed, "–" for a run without statuses)
+    and the last line of its error where it failed."""
     def statuses(run: RunFolder) -> dict[str, str]:
-        if not run.status:
-            return {nb: "recorded results" for nb in run.results}
         out = {}
         for nb in run.status.get("notebooks", []):
             error = (nb.get("error") or "").strip().splitlines()
@@ -264,11 +264,11 @@ def status_table(runs: Sequence[RunFolder]) -> pd.DataFrame:
                                                            else "")
         return out
 
-    per_run = [statuses(run) for run in runs]
+    per_run = [statuses(run) if run.status else None for run in runs]
     rows = []
-    for notebook in sorted({nb for s in per_run for nb in s}):
-        values = [s.get(notebook, "not in the run") for s in per_run]
-        if len({v.split(":")[0] for v in values}) > 1:
+    for notebook in sorted({nb for s in per_run if s for nb in s}):
+        values = [s.get(notebook, "not in the run") if s is not None else "–" for s in per_run]
+        if len({v.split(":")[0] for v in values if v != "–"}) > 1:
             rows.append({"notebook": notebook, **{r.title: v for r, v in zip(runs, values)}})
     return pd.DataFrame(rows, columns=["notebook", *(r.title for r in runs)])
 

@@ -227,3 +227,12 @@ def test_interrupted_run_with_a_garbled_file_is_compared_as_far_as_it_got(runs, 
     assert "## Read with care" in md and "B (20250102-100000): interrupted: 2 of 3" in md
     statuses = load_run(b, "B")
     assert sorted(statuses.results) == ["00_baseline", "02_prefix_caching"]
+
+
+def test_a_bare_results_folder_compares_without_statuses(runs, tmp_path):
+    a, b = runs
+    c = compare_runs(a / "results", b, out=tmp_path / "out")
+    assert c.runs[0].name == "20250101-100000"                  # the run's stamp, not "results"
+    assert c.environment.loc["state"].tolist()[0] == "results folder only (no status.json)"
+    assert c.statuses.empty                    # A's statuses are unknown: nothing to set beside B's
+    assert set(c.findings.technique) == {PREFIX[0]}
