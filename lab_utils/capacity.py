@@ -90,6 +90,13 @@ def sweep_rates(capacities: Sequence[Capacity], k: int, *, lowest: float = 0.2,
     return [float(f"{r:.3g}") for r in np.linspace(lo, hi, k)]
 
 
+def cache_path(results) -> Path:
+    """Where a run keeps its capacity measurements: beside the notebooks'
+    results, in a subfolder, so the run's index and comparisons, which read
+    every `results/*.json` as a notebook's results, do not take it for one."""
+    return Path(results.dir) / "cache" / "capacity.json"
+
+
 def _cache_key(engine, workload: str) -> str:
     from .machine import fingerprint, machine_info
     flags = json.dumps({"label": engine.label, "model": engine.model,
@@ -213,5 +220,5 @@ def knee_ratio_ci(base: Mapping[float, Sequence[bool]], treated: Mapping[float, 
     return point, float(lo), float(hi)
 
 
-__all__ = ["DEFAULT_TARGET", "Capacity", "goodput_knee", "knee_ratio_ci", "measure_capacity",
+__all__ = ["DEFAULT_TARGET", "Capacity", "cache_path", "goodput_knee", "knee_ratio_ci", "measure_capacity",
            "sweep_rates"]

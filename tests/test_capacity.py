@@ -97,3 +97,15 @@ def test_one_grid_for_two_engines_spans_both():
     assert sweep_rates([slow, fast], 3) == [0.2, 4.0, 7.8]
     with pytest.raises(ValueError):
         sweep_rates([], 3)
+
+
+def test_the_cache_lives_beside_the_results_not_among_them(tmp_path):
+    """The run's index reads every results/*.json as a notebook's results."""
+    from types import SimpleNamespace
+
+    from lab_utils.capacity import cache_path
+    from lab_utils.report import load_findings
+    path = cache_path(SimpleNamespace(dir=tmp_path))
+    path.parent.mkdir(parents=True)
+    path.write_text("{}")
+    assert path.parent != tmp_path and load_findings(tmp_path) == {}

@@ -21,6 +21,7 @@ from ..article_table import checklist_table
 from ..capacity import (
     DEFAULT_TARGET,
     Capacity,
+    cache_path,
     goodput_knee,
     knee_ratio_ci,
     measure_capacity,
@@ -168,7 +169,7 @@ def arm_capacity(ctx, engine, *, seed: int = 0, budget_s: float = 90.0,
     one request at a time, then 8 in flight), cached in this run's results."""
     return measure_capacity(engine, lambda n, s: mixed_workload(n, seed=seed + s),
                             workload=f"12 mixed workload, seed {seed}", budget_s=budget_s,
-                            cache=ctx.results.dir / "capacity.json", results=ctx.results,
+                            cache=cache_path(ctx.results), results=ctx.results,
                             progress=progress)
 
 

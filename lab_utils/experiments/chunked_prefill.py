@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from .. import arms
-from ..capacity import Capacity, measure_capacity
+from ..capacity import Capacity, cache_path, measure_capacity
 from ..client import Client, Load, RequestRecord, RequestSpec, Run
 from ..counters import GaugeSampler
 from ..engine_steps import StepLog, parse_iteration_log, step_stats
@@ -189,7 +189,7 @@ def measure_load(ctx, engine, *, short_output_tokens: int, long_prompt_tokens: i
     run's results, `lab_utils.capacity`), after one unmeasured request of each
     shape: the short requests' capacity (one at a time, then 8 in flight) and
     a long request's latency alone (three one at a time, then one more)."""
-    cache, results = ctx.results.dir / "capacity.json", ctx.results
+    cache, results = cache_path(ctx.results), ctx.results
     _warm_up(engine, long_prompt_tokens)
     short = measure_capacity(
         engine, lambda n, s: chat_specs(n, max_tokens=short_output_tokens, seed=seed + s,

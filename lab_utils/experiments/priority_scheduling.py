@@ -38,7 +38,7 @@ from ..admission import (
     ScheduledRun,
     run_schedule_async,
 )
-from ..capacity import Capacity, measure_capacity
+from ..capacity import Capacity, cache_path, measure_capacity
 from ..client import Client, RequestSpec, run_sync
 from ..counters import GaugeSampler, delta, scrape
 from ..metrics import SLO, summarize
@@ -226,7 +226,7 @@ def peak_for(ctx, *, interactive: int, interactive_load: float, peak_s: float = 
                                                 seed=seed + s).specs,
             workload=f"09 interactive chat, {lo}-{hi} output tokens",
             concurrency=capacity_concurrency(max_num_seqs), budget_s=budget_s,
-            cache=ctx.results.dir / "capacity.json", results=ctx.results, progress=progress)
+            cache=cache_path(ctx.results), results=ctx.results, progress=progress)
     peak = place_peak(capacity, interactive=interactive, interactive_load=interactive_load,
                       peak_s=peak_s, window_s=window_s)
     ctx.results.data["load"] = {"peak_s": peak.peak_s, "admission_window_s": peak.window_s,
