@@ -134,6 +134,27 @@ def cache_config(base_url: str, api_key: str | None = None) -> dict[str, str]:
     return {}
 
 
+def block_size_of(engine, default: int | None = None) -> int | None:
+    """The engine's KV block size from vLLM's `cache_config_info` labels
+    (`engine.info["cache_config"]`, read when the engine started), else `default`."""
+    value = (getattr(engine, "info", None) or {}).get("cache_config", {}).get("block_size")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def prefix_caching_of(engine) -> bool | None:
+    """Whether the server runs with prefix caching, as it reports it itself
+    (`cache_config_info`), else as its flags say; None when neither tells."""
+    value = (getattr(engine, "info", None) or {}).get("cache_config", {}) \
+        .get("enable_prefix_caching")
+    if value is None:
+        flag = getattr(engine, "flags", {}).get("enable_prefix_caching")
+        return None if flag is None else bool(flag)
+    return str(value).lower() == "true"
+
+
 def delta(before: Snapshot, after: Snapshot) -> dict[str, float | None]:
     """What happened between two snapshots, with the derived ratios notebooks cite."""
     d: dict[str, float | None] = {k: after.counters[k] - before.counters[k] for k in COUNTERS}

@@ -1,5 +1,6 @@
 """Reading vLLM's server logs: what a start says about the weights and
-kernels, and the root cause of a failure.
+kernels, its milestones and what it logged once serving, the KV capacity
+line, and the root cause of a failure.
 
 A lab server's log file may hold several starts, each opened by a `$ vllm
 serve ...` line that `lab_utils.server.VLLMServer` writes; the parsers read
@@ -7,7 +8,10 @@ the latest one. ANSI colour codes are stripped first.
 """
 from __future__ import annotations
 
+import datetime as _dt
+import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -91,3 +95,58 @@ def parse_kv_log(text: str) -> dict[str, Any]:
         out["log_concurrency_at_tokens"] = int(conc[-1][0].replace(",", ""))
         out["log_max_concurrency"] = float(conc[-1][1])
     return out
+
+
+_STAMP = re.compile(r"\b(\d\d-\d\d \d\d:\d\d:\d\d)\b")
+
+#: (event, pattern, group holding the duration vLLM reports itself, if any)
+STARTUP_EVENTS = (
+    ("API server process logging", r"non-default args", None),
+    ("engine core process up", r"Initializing a V1 LLM engine", None),
+    ("model load started", r"Starting to load model", None),
+    ("weights loaded", r"Loading weights took ([\d.]+) seconds", 1),
+    ("KV cache allocated", r"KV cache size: ([\d,]+) tokens", None),
+    ("engine ready (profile, KV cache, warm-up)",
+     r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s", 1),
+    ("chat template inspected", r"Detected the chat template content format", None),
+    ("HTTP server listening", r"Starting vLLM server on", None),
+)
+
+
+def startup_events(log_text: str, launched_at: _dt.datetime | None = None):
+    """What vLLM logs while it starts, one row per milestone (a DataFrame): the
+    log time, seconds since launch (or since the first time-stamped line) and
+    the duration vLLM reports itself. Log stamps have one-second resolution."""
+    import pandas as pd
+    text = latest_start(log_text)
+    first = None
+    rows = []
+    for line in text.splitlines():
+        m = _STAMP.search(line)
+        if not m:
+            continue
+        first = first or m.group(1)
+        for event, pattern, group in STARTUP_EVENTS:
+            hit = re.search(pattern, line)
+            if hit and not any(r["event"] == event for r in rows):
+                reported = float(hit.group(group)) if group else math.nan
+                rows.append({"event": event, "log_time": m.group(1), "reported_s": reported})
+    frame = pd.DataFrame(rows, columns=["event", "log_time", "reported_s"])
+    if frame.empty:
+        return frame.assign(since_launch_s=pd.Series(dtype=float))
+    year = (launched_at or _dt.datetime.now()).year
+    times = pd.to_datetime(f"{year}-" + frame.log_time, format="%Y-%m-%d %H:%M:%S")
+    origin = pd.Timestamp(launched_at.replace(microsecond=0)) if launched_at else \
+        pd.to_datetime(f"{year}-{first}", format="%Y-%m-%d %H:%M:%S")
+    frame.insert(2, "since_launch_s", (times - origin).dt.total_seconds())
+    return frame
+
+
+def log_after_startup(log_text: str,
+                      skip: Sequence[str] = ("GET /metrics", "GET /health")) -> list[str]:
+    """The lines the latest start logged once it served (minus scrapes/polls):
+    what vLLM says about the first requests."""
+    lines = latest_start(log_text).splitlines()
+    cut = next((i for i, line in enumerate(lines) if "Application startup complete" in line), None)
+    after = lines[cut + 1:] if cut is not None else []
+    return [line for line in after if not any(s in line for s in skip)]

@@ -11,8 +11,10 @@ from lab_utils.counters import (
     GAUGES,
     HISTOGRAMS,
     Histogram,
+    block_size_of,
     delta,
     parse_metrics,
+    prefix_caching_of,
 )
 
 # The shape vLLM's /metrics has: HELP/TYPE lines, counters exposed as *_total
@@ -298,3 +300,19 @@ def test_gauge_sampler_follows_the_server_and_survives_a_failing_scrape():
     assert summary["samples"] == len(frame) and summary["running_max"] == 1
     assert summary["waiting_max"] == frame.requests_waiting.max()
     assert GaugeSampler(Engine()).summary()["waiting_max"] is None
+
+
+class _Engine:
+    def __init__(self, info=None, flags=None):
+        self.info, self.flags = info or {}, flags or {}
+
+
+def test_block_size_and_prefix_caching_from_server_labels():
+    e = _Engine({"cache_config": {"block_size": "128", "enable_prefix_caching": "True"}},
+                {"enable_prefix_caching": False})
+    assert block_size_of(e) == 128
+    assert prefix_caching_of(e) is True  # the server's own label wins over the flag
+    assert block_size_of(_Engine()) is None
+    assert block_size_of(_Engine(), default=16) == 16
+    assert prefix_caching_of(_Engine(flags={"enable_prefix_caching": False})) is False
+    assert prefix_caching_of(_Engine()) is None

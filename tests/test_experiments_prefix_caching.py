@@ -57,14 +57,6 @@ def test_expected_cached_tokens_never_the_last_token():
         pc.expected_cached_tokens(10, 20, 0)
 
 
-def test_block_size_of():
-    class E:
-        info = {"cache_config": {"block_size": "128"}}
-    assert pc.block_size_of(E()) == 128
-    E.info = {}
-    assert pc.block_size_of(E(), default=16) == 16
-
-
 @pytest.mark.parametrize("prefix", [0, 5, 64, 127, 128, 129])
 def test_exact_prefix_specs_share_exactly_the_prefix(prefix):
     tok = word_tokenizer()

@@ -1,7 +1,5 @@
 """Pure logic of the 03 notebook's experiments: prompts, quality checks, KV
-blocks, the vLLM start-up log parser and the summaries (no server needed)."""
-import datetime as dt
-import math
+blocks, the start-up timeline and the summaries (no server needed)."""
 from types import SimpleNamespace
 
 import pandas as pd
@@ -10,26 +8,10 @@ import pytest
 from lab_utils import system_prompts
 from lab_utils.experiments import prompt_length_and_warmup as pw
 
-# Lines as vLLM 0.32's CPU build writes them (ANSI colours included), after a
-# first start whose lines must be ignored.
-LOG = """$ vllm serve OLD --port 1
-\x1b[0;36m(APIServer pid=1)\x1b[0;0m \x1b[32mINFO\x1b[0m \x1b[90m11-30 10:00:00\x1b[0m [api_utils.py:286] non-default args: {}
-(EngineCore pid=2) INFO 11-30 10:00:09 [core.py:402] init engine (profile, create kv cache, warmup model) took 9.99 s
-$ VLLM_CPU_KVCACHE_SPACE=2 vllm serve MODEL --port 2
-Triton is installed, but doesn't include CPU backend. Disabling Triton.
-\x1b[0;36m(APIServer pid=5478)\x1b[0;0m \x1b[32mINFO\x1b[0m \x1b[90m11-30 13:58:49\x1b[0m \x1b[90m[api_utils.py:286]\x1b[0m non-default args: {'model_tag': 'M'}
-(EngineCore pid=5490) INFO 11-30 13:58:55 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: model='M'
-(Worker pid=5502) INFO 11-30 13:59:01 [cpu_model_runner.py:68] Starting to load model M...
-(Worker pid=5502) INFO 11-30 13:59:02 [default_loader.py:501] Loading weights took 0.91 seconds
-(EngineCore pid=5490) INFO 11-30 13:59:04 [kv_cache_utils.py:2327] CPU KV cache size: 46,592 tokens, Maximum concurrency for 4,096 tokens per request: 11.38x
-(EngineCore pid=5490) INFO 11-30 13:59:09 [core.py:402] init engine (profile, create kv cache, warmup model) took 5.87 s
-(APIServer pid=5478) INFO 11-30 13:59:11 [hf.py:648] Detected the chat template content format to be 'string'.
+# The latest start's last line before it serves (the whole start-up log is
+# parsed in tests/test_vllm_logs.py).
+LOG = """$ vllm serve M --port 2
 (APIServer pid=5478) INFO 11-30 13:59:11 [entry.py:140] Starting vLLM server on http://127.0.0.1:2
-INFO:     Started server process [5478]
-INFO:     Application startup complete.
-INFO:     127.0.0.1:52356 - "GET /health HTTP/1.1" 200 OK
-INFO:     127.0.0.1:52372 - "GET /metrics HTTP/1.1" 200 OK
-INFO:     127.0.0.1:45298 - "POST /v1/chat/completions HTTP/1.1" 200 OK
 """
 
 
@@ -79,51 +61,6 @@ def test_prefix_blocks(tokens, block, blocks):
 class _Engine:
     def __init__(self, info=None, flags=None):
         self.info, self.flags = info or {}, flags or {}
-
-
-def test_block_size_and_prefix_caching_from_server_labels():
-    e = _Engine({"cache_config": {"block_size": "128", "enable_prefix_caching": "True"}},
-                {"enable_prefix_caching": False})
-    assert pw.block_size_of(e) == 128
-    assert pw.prefix_caching_of(e) is True  # the server's own label wins over the flag
-    assert pw.block_size_of(_Engine()) is None
-    assert pw.prefix_caching_of(_Engine(flags={"enable_prefix_caching": False})) is False
-    assert pw.prefix_caching_of(_Engine()) is None
-
-
-def test_latest_start_keeps_only_the_last_start_without_colours():
-    text = pw.latest_start(LOG)
-    assert text.startswith("$ VLLM_CPU_KVCACHE_SPACE=2")
-    assert "OLD" not in text and "\x1b" not in text
-    assert pw.latest_start("no marker\nline") == "no marker\nline"
-
-
-def test_startup_events_since_launch():
-    launched = dt.datetime(2024, 11, 30, 13, 58, 40, 700000)
-    ev = pw.startup_events(LOG, launched).set_index("event")
-    assert list(ev.index) == [e for e, _, _ in pw.STARTUP_EVENTS]
-    assert ev.loc["API server process logging", "since_launch_s"] == 9
-    assert ev.loc["HTTP server listening", "since_launch_s"] == 31
-    assert ev.loc["weights loaded", "reported_s"] == pytest.approx(0.91)
-    assert ev.loc["engine ready (profile, KV cache, warm-up)", "reported_s"] == pytest.approx(5.87)
-    assert math.isnan(ev.loc["KV cache allocated", "reported_s"])
-
-
-def test_startup_events_without_launch_time_count_from_the_first_line():
-    ev = pw.startup_events(LOG).set_index("event")
-    assert ev.loc["API server process logging", "since_launch_s"] == 0
-    assert ev.loc["engine core process up", "since_launch_s"] == 6
-
-
-def test_startup_events_of_an_empty_log():
-    ev = pw.startup_events("$ cmd\nnothing yet")
-    assert ev.empty and "since_launch_s" in ev.columns
-
-
-def test_log_after_startup_drops_polls_and_scrapes():
-    lines = pw.log_after_startup(LOG)
-    assert lines == ['INFO:     127.0.0.1:45298 - "POST /v1/chat/completions HTTP/1.1" 200 OK']
-    assert pw.log_after_startup("$ cmd\nstill starting") == []
 
 
 def test_side_by_side():

@@ -24,6 +24,7 @@ import pandas as pd
 
 from .. import arms
 from ..client import Load, RequestSpec
+from ..counters import block_size_of
 from ..results import Results, measure
 from ..workloads import (Tokenizer, chat, chat_questions, exact_text, synthetic_specs,
                          system_prompts, tokenizer_for)
@@ -68,14 +69,6 @@ def expected_cached_tokens(shared_tokens: int, prompt_tokens: int, block_size: i
         raise ValueError(f"block_size must be >= 1, got {block_size!r}")
     usable = max(0, min(int(shared_tokens), int(prompt_tokens) - 1))
     return usable // block_size * block_size
-
-
-def block_size_of(engine, default: int = 16) -> int:
-    """The engine's KV block size from vLLM's `cache_config_info` metric."""
-    try:
-        return int(engine.info["cache_config"]["block_size"])
-    except (KeyError, TypeError, ValueError):
-        return default
 
 
 def exact_prefix_specs(tok: Tokenizer, n: int, prefix_tokens: int, suffix_tokens: int, *,
@@ -300,7 +293,7 @@ def _run_group(engine, arm: str, experiment: str, prefix_len: int, warm: list[Re
         frames.append(run.frame().assign(
             arm=arm, experiment=experiment, prefix_len=int(prefix_len), phase=phase, run=label,
             run_queries=c.get("prefix_cache_queries", 0.0), run_hits=c.get("prefix_cache_hits", 0.0),
-            block_size=block_size_of(engine), **columns))
+            block_size=block_size_of(engine, 16), **columns))
     frame = pd.concat(frames, ignore_index=True)
     frame["cached_tokens"] = frame["cached_tokens"].fillna(0).astype(int)
     return frame
@@ -341,7 +334,7 @@ def block_boundary_hits(engine, arm: str, prefix_lengths: Sequence[int] = (64, 1
     """(c) Exact token-id prompts sharing `p` tokens for p around the block
     size; adds the cached tokens vLLM's full-block rule predicts."""
     tok = tokenizer_for(engine)
-    bs = block_size_of(engine)
+    bs = block_size_of(engine, 16)
     frames = []
     for i, p in enumerate(prefix_lengths):
         specs = exact_prefix_specs(tok, repeats + 1, int(p), suffix_tokens, seed=seed + i,
@@ -367,7 +360,7 @@ def run_arms(ctx, names: Sequence[str] | None = None, *, system_requests: int = 
     def experiments(arm: arms.Arm, engine) -> dict[str, pd.DataFrame]:
         print(f"[{arm.name}] prefix caching per vLLM's cache_config: "
               f"{engine.info.get('cache_config', {}).get('enable_prefix_caching', '?')}, "
-              f"block size {block_size_of(engine)}")
+              f"block size {block_size_of(engine, 16)}")
         kw = dict(max_tokens=max_tokens, results=ctx.results, progress=progress)
         return {"system_prompt": system_prompt_ttft(engine, arm.name, system_requests, **kw),
                 "prefix_length": ttft_vs_prefix_length(engine, arm.name, prefix_lengths,

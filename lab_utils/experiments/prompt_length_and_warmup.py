@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -21,9 +20,10 @@ import pandas as pd
 
 from .. import arms
 from ..client import Load, RequestSpec, Run
+from ..counters import block_size_of, prefix_caching_of
 from ..metrics import summarize
 from ..results import Results, measure
-from ..vllm_logs import latest_start
+from ..vllm_logs import latest_start, log_after_startup, startup_events
 from ..workloads import chat, chat_questions, system_prompts
 
 #: The notebook's two engines (`plan`): vLLM's prefix cache off and on.
@@ -94,79 +94,6 @@ def prefix_blocks(prompt_tokens: int | None, block_size: int | None) -> int | No
     if prompt_tokens is None or not block_size:
         return None
     return int(prompt_tokens) // int(block_size)
-
-
-def block_size_of(engine) -> int | None:
-    """The engine's KV block size, from vLLM's `cache_config_info` metric."""
-    value = (getattr(engine, "info", None) or {}).get("cache_config", {}).get("block_size")
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def prefix_caching_of(engine) -> bool | None:
-    """Whether the server runs with prefix caching, as it reports it itself."""
-    value = (getattr(engine, "info", None) or {}).get("cache_config", {}) \
-        .get("enable_prefix_caching")
-    if value is None:
-        flag = getattr(engine, "flags", {}).get("enable_prefix_caching")
-        return None if flag is None else bool(flag)
-    return str(value).lower() == "true"
-
-
-_STAMP = re.compile(r"\b(\d\d-\d\d \d\d:\d\d:\d\d)\b")
-
-#: (event, pattern, group holding the duration vLLM reports itself, if any)
-STARTUP_EVENTS = (
-    ("API server process logging", r"non-default args", None),
-    ("engine core process up", r"Initializing a V1 LLM engine", None),
-    ("model load started", r"Starting to load model", None),
-    ("weights loaded", r"Loading weights took ([\d.]+) seconds", 1),
-    ("KV cache allocated", r"KV cache size: ([\d,]+) tokens", None),
-    ("engine ready (profile, KV cache, warm-up)",
-     r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s", 1),
-    ("chat template inspected", r"Detected the chat template content format", None),
-    ("HTTP server listening", r"Starting vLLM server on", None),
-)
-
-
-
-def startup_events(log_text: str, launched_at: _dt.datetime | None = None) -> pd.DataFrame:
-    """What vLLM logs while it starts, one row per milestone: the log time,
-    seconds since launch (or since the first time-stamped line) and the
-    duration vLLM reports itself. Log stamps have one-second resolution."""
-    text = latest_start(log_text)
-    first = None
-    rows = []
-    for line in text.splitlines():
-        m = _STAMP.search(line)
-        if not m:
-            continue
-        first = first or m.group(1)
-        for event, pattern, group in STARTUP_EVENTS:
-            hit = re.search(pattern, line)
-            if hit and not any(r["event"] == event for r in rows):
-                reported = float(hit.group(group)) if group else math.nan
-                rows.append({"event": event, "log_time": m.group(1), "reported_s": reported})
-    frame = pd.DataFrame(rows, columns=["event", "log_time", "reported_s"])
-    if frame.empty:
-        return frame.assign(since_launch_s=pd.Series(dtype=float))
-    year = (launched_at or _dt.datetime.now()).year
-    times = pd.to_datetime(f"{year}-" + frame.log_time, format="%Y-%m-%d %H:%M:%S")
-    origin = pd.Timestamp(launched_at.replace(microsecond=0)) if launched_at else \
-        pd.to_datetime(f"{year}-{first}", format="%Y-%m-%d %H:%M:%S")
-    frame.insert(2, "since_launch_s", (times - origin).dt.total_seconds())
-    return frame
-
-
-def log_after_startup(log_text: str, skip: Sequence[str] = ("GET /metrics", "GET /health")) -> list[str]:
-    """The lines the latest start logged once it served (minus scrapes/polls):
-    what vLLM says about the first requests."""
-    lines = latest_start(log_text).splitlines()
-    cut = next((i for i, line in enumerate(lines) if "Application startup complete" in line), None)
-    after = lines[cut + 1:] if cut is not None else []
-    return [line for line in after if not any(s in line for s in skip)]
 
 
 def side_by_side(frame: pd.DataFrame) -> pd.DataFrame:
