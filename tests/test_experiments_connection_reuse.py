@@ -1,27 +1,11 @@
-"""Experiments of 08_connection_reuse: set-up tracing, the emulated remote
-link, and the three client arms counted against a fake upstream and the app
-(no vLLM needed)."""
-import asyncio
-import time
-
+"""Experiments of 08_connection_reuse: the three client arms counted against
+a fake upstream and the app, the rounds and the findings (no vLLM needed)."""
 import pytest
 from fake_openai import FakeOpenAI
 
 from lab_utils.app import AppServer, hypercorn_available
 from lab_utils.client import run_sync
 from lab_utils.experiments import connection_reuse as cx
-
-
-def test_connection_setup_from_a_trace():
-    trace = cx.ConnTrace({"connection.connect_tcp.started": 1.0,
-                          "connection.connect_tcp.complete": 1.002,
-                          "connection.start_tls.started": 1.002,
-                          "connection.start_tls.complete": 1.010})
-    setup = cx.connection_setup(trace)
-    assert setup["tcp_ms"] == pytest.approx(2.0) and setup["tls_ms"] == pytest.approx(8.0)
-    assert setup["setup_ms"] == pytest.approx(10.0) and setup["new_connection"]
-    reused = cx.connection_setup(cx.ConnTrace({"http11.send_request_headers.started": 1.0}))
-    assert reused == {"tcp_ms": 0.0, "tls_ms": 0.0, "setup_ms": 0.0, "new_connection": False}
 
 
 @pytest.mark.parametrize("n, c, rounds, sizes", [
@@ -38,50 +22,6 @@ def test_plan_rounds(n, c, rounds, sizes):
 def test_make_client_rejects_unknown_arms():
     with pytest.raises(ValueError, match="arm must be one of"):
         cx.make_client("carrier-pigeon")
-
-
-def test_delay_proxy_adds_the_round_trip():
-    async def echo(reader, writer):
-        while data := await reader.read(100):
-            writer.write(data)
-            await writer.drain()
-        writer.close()
-
-    async def go(one_way):
-        server = await asyncio.start_server(echo, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        async with cx.DelayProxy("127.0.0.1", port, one_way) as proxy:
-            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
-            t0 = time.perf_counter()
-            writer.write(b"ping")
-            await writer.drain()
-            got = await reader.readexactly(4)
-            rtt = time.perf_counter() - t0
-            writer.close()
-        server.close()
-        return got, rtt, proxy.accepted
-
-    got, rtt, accepted = run_sync(go(0.05))
-    assert got == b"ping" and accepted == 1
-    assert 0.1 <= rtt < 0.3
-
-
-def test_slow_connect_delays_only_the_connect():
-    class Inner:
-        async def connect_tcp(self, host, port, **kw):
-            return (host, port, kw)
-
-        async def sleep(self, s):
-            await asyncio.sleep(s)
-
-    async def go():
-        t0 = time.perf_counter()
-        out = await cx.SlowConnect(Inner(), 0.05).connect_tcp("h", 1, timeout=2)
-        return out, time.perf_counter() - t0
-
-    out, took = run_sync(go())
-    assert out[:2] == ("h", 1) and out[2]["timeout"] == 2
-    assert took >= 0.05
 
 
 @pytest.fixture(scope="module")

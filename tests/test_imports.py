@@ -83,7 +83,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_sees_relative_and_lazy_imports():
     graph = import_graph()
     assert "lab_utils.results" in graph["lab_utils.experiments.baseline"]   # from ..results
-    assert "lab_utils.plots" in graph["lab_utils.experiments.connection_reuse"]  # from .. import plots
+    assert "lab_utils.arms" in graph["lab_utils.experiments.speculative_decoding"]  # from .. import arms
+    assert "lab_utils.plots" in graph["lab_utils.figures"]                  # from .. import plots
     assert "lab_utils.smoke" in graph["lab_utils.notebook"]                 # inside a function
     assert "lab_utils.machine" in graph["lab_utils.server"]                 # inside a method
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]

@@ -21,22 +21,22 @@ request on a reused connection reports neither), so set-up cost per request
 and connections opened are counted, not assumed. The app also counts the
 distinct client connections it accepted (`/stats`).
 
-A remote server is emulated on loopback by `DelayProxy` (every byte waits a
-one-way delay in each direction, so TLS and HTTP round trips pay the RTT) and
-`SlowConnect` (the TCP handshake's round trip, which the kernel completes
-before any user-space proxy sees the connection).
+A remote server is emulated on loopback by `lab_utils.netem`: `DelayProxy`
+(every byte waits a one-way delay in each direction, so TLS and HTTP round
+trips pay the RTT) and `SlowConnect` (the TCP handshake's round trip, which
+the kernel completes before any user-space proxy sees the connection). The
+set-up tracing and the timed request are `lab_utils.connection_trace`'s;
+the figures are `lab_utils.figures.connection_reuse`'s.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import math
-import random
 import ssl
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -44,9 +44,12 @@ import pandas as pd
 from ..app import AppServer
 from ..arms import Arm, Plan
 from ..client import run_sync
+from ..connection_trace import ConnTrace, connection_setup, traced_stream
+from ..figures.connection_reuse import plot_remote, plot_ttft
 from ..metrics import percentile_stats
+from ..netem import DelayProxy, SlowConnect, delay_connects
 from ..results import Results
-from ..workloads import chat, chat_questions
+from ..workloads import chat_specs
 
 
 def plan(profile, params) -> Plan:
@@ -65,137 +68,6 @@ ARMS: dict[str, str] = {
     "pooled": "one shared keep-alive pool (HTTP/1.1)",
     "http2": "one shared client, http2=True",
 }
-
-
-# --------------------------------------------------------------------------
-# Tracing one request's connection set-up
-# --------------------------------------------------------------------------
-
-@dataclass
-class ConnTrace:
-    """What httpcore reported for one request (seconds, perf_counter based)."""
-    events: dict[str, float] = field(default_factory=dict)
-    tls_version: str | None = None
-    alpn: str | None = None
-
-    async def __call__(self, name: str, info: dict[str, Any]) -> None:
-        self.events.setdefault(name, time.perf_counter())
-        if name == "connection.start_tls.complete":
-            ssl_object = info["return_value"].get_extra_info("ssl_object")
-            if ssl_object is not None:
-                self.tls_version = ssl_object.version()
-                self.alpn = ssl_object.selected_alpn_protocol()
-
-    def span(self, step: str) -> float | None:
-        start = self.events.get(f"connection.{step}.started")
-        end = self.events.get(f"connection.{step}.complete")
-        return end - start if start is not None and end is not None else None
-
-    @property
-    def opened_connection(self) -> bool:
-        return "connection.connect_tcp.complete" in self.events
-
-
-def connection_setup(trace: ConnTrace) -> dict[str, float]:
-    """TCP connect and TLS handshake of the request's new connection, in ms
-    (0 when it reused one)."""
-    tcp, tls = trace.span("connect_tcp"), trace.span("start_tls")
-    return {"tcp_ms": (tcp or 0.0) * 1e3, "tls_ms": (tls or 0.0) * 1e3,
-            "setup_ms": ((tcp or 0.0) + (tls or 0.0)) * 1e3,
-            "new_connection": trace.opened_connection}
-
-
-# --------------------------------------------------------------------------
-# Emulating a remote server on loopback
-# --------------------------------------------------------------------------
-
-class SlowConnect:
-    """An httpcore network backend whose TCP connect takes `delay_s` longer:
-    the SYN / SYN-ACK round trip to a remote server."""
-
-    def __init__(self, inner, delay_s: float):
-        self.inner, self.delay_s = inner, delay_s
-
-    async def connect_tcp(self, host, port, timeout=None, local_address=None,
-                          socket_options=None):
-        await asyncio.sleep(self.delay_s)
-        return await self.inner.connect_tcp(host, port, timeout=timeout,
-                                            local_address=local_address,
-                                            socket_options=socket_options)
-
-    async def connect_unix_socket(self, path, timeout=None, socket_options=None):
-        return await self.inner.connect_unix_socket(path, timeout=timeout,
-                                                    socket_options=socket_options)
-
-    async def sleep(self, seconds: float) -> None:
-        await self.inner.sleep(seconds)
-
-
-class DelayProxy:
-    """A TCP proxy on 127.0.0.1 that delivers every byte `one_way_s` late in
-    each direction (in order): one round trip costs 2 x one_way_s, as on a
-    link to a remote server. Runs in the caller's event loop."""
-
-    def __init__(self, target_host: str, target_port: int, one_way_s: float):
-        self.target = (target_host, target_port)
-        self.one_way_s = one_way_s
-        self.server: asyncio.base_events.Server | None = None
-        self.port = 0
-        self.accepted = 0
-
-    async def __aenter__(self) -> DelayProxy:
-        self._tasks: set[asyncio.Task] = set()
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.server.close()
-        for task in list(self._tasks):  # connections a pool still held open
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _handle(self, reader, writer) -> None:
-        self.accepted += 1
-        task = asyncio.current_task()
-        self._tasks.add(task)
-        up_writer = None
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
-        except (OSError, asyncio.CancelledError):
-            pass
-        finally:
-            for w in (writer, up_writer):
-                if w is not None:
-                    w.close()
-            self._tasks.discard(task)
-
-    async def _pipe(self, src, dst) -> None:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-
-        async def deliver() -> None:
-            while True:
-                due, data = await queue.get()
-                wait = due - loop.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                if data is None:
-                    break
-                dst.write(data)
-                await dst.drain()
-            dst.close()
-
-        task = asyncio.create_task(deliver())
-        try:
-            while data := await src.read(65536):
-                queue.put_nowait((loop.time() + self.one_way_s, data))
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            queue.put_nowait((loop.time() + self.one_way_s, None))
-            await asyncio.gather(task, return_exceptions=True)
 
 
 # --------------------------------------------------------------------------
@@ -228,9 +100,7 @@ def make_client(arm: str, *, ssl_context: ssl.SSLContext | None = None,
     transport = httpx.AsyncHTTPTransport(verify=ssl_context or _plain_context(),
                                          http2=arm == "http2", limits=limits, retries=0)
     if connect_delay_s:
-        # httpcore takes a network backend; httpx's transport does not expose it.
-        pool = transport._pool
-        pool._network_backend = SlowConnect(pool._network_backend, connect_delay_s)
+        delay_connects(transport, connect_delay_s)
     return httpx.AsyncClient(transport=transport, timeout=timeout_s)
 
 
@@ -265,43 +135,6 @@ def app_target(app: AppServer, name: str | None = None) -> Target:
 # Timed requests
 # --------------------------------------------------------------------------
 
-async def timed_stream(client, url: str, body: dict, headers: dict | None = None
-                       ) -> dict[str, Any]:
-    """Stream one chat request; TTFT as `vllm bench serve` counts it (first
-    chunk with choices), E2E to the last, and the request's connection set-up."""
-    from ..app import pop_sse_data
-    trace = ConnTrace()
-    row: dict[str, Any] = {"ok": False, "error": ""}
-    t0 = time.perf_counter()
-    try:
-        async with client.stream("POST", url, json=body, headers=headers,
-                                 extensions={"trace": trace}) as resp:
-            row["http_version"] = resp.http_version
-            row["status"] = resp.status_code
-            if resp.status_code != 200:
-                row["error"] = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
-            else:
-                buf = bytearray()
-                async for raw in resp.aiter_raw():
-                    now = time.perf_counter()
-                    buf += raw
-                    for data in pop_sse_data(buf):
-                        if data != "[DONE]" and json.loads(data).get("choices"):
-                            row.setdefault("ttft_ms", (now - t0) * 1e3)
-                            row["e2e_ms"] = (now - t0) * 1e3
-                row["ok"] = "ttft_ms" in row
-    except Exception as exc:  # refused, reset, TLS failure
-        row["error"] = f"{type(exc).__name__}: {exc}"
-    row.update(connection_setup(trace), tls_version=trace.tls_version, alpn=trace.alpn)
-    return row
-
-
-def _messages(n: int, seed: int) -> list[list[dict]]:
-    qs = chat_questions()
-    random.Random(seed).shuffle(qs)
-    return [chat(qs[i % len(qs)]["question"]) for i in range(n)]
-
-
 async def run_arm(target: Target, arm: str, n: int, concurrency: int, *, max_tokens: int = 4,
                   seed: int = 0, base_url: str | None = None, connect_delay_s: float = 0.0,
                   client=None, first_index: int = 0) -> list[dict[str, Any]]:
@@ -311,7 +144,7 @@ async def run_arm(target: Target, arm: str, n: int, concurrency: int, *, max_tok
     `base_url` overrides the target's (e.g. a DelayProxy)."""
     url = (base_url or target.base_url) + "/v1/chat/completions"
     headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else None
-    msgs = _messages(first_index + n, seed)[first_index:]
+    msgs = [s.messages for s in chat_specs(first_index + n, seed=seed)[first_index:]]
     rows: list[dict[str, Any]] = []
     counter = itertools.count()
     own = client is None and arm != "new"
@@ -328,10 +161,10 @@ async def run_arm(target: Target, arm: str, n: int, concurrency: int, *, max_tok
                 async with make_client(arm, ssl_context=target.ssl_context,
                                        connect_delay_s=connect_delay_s) as new_client:
                     build_ms = (time.perf_counter() - t_build) * 1e3
-                    row = await timed_stream(new_client, url, body, headers)
+                    row = await traced_stream(new_client, url, body, headers)
                 row["client_build_ms"] = build_ms
             else:
-                row = await timed_stream(shared, url, body, headers)
+                row = await traced_stream(shared, url, body, headers)
                 row["client_build_ms"] = 0.0
             rows.append({"index": first_index + i, **row})
 
@@ -581,54 +414,8 @@ def long_generation_share(short: pd.DataFrame, long_frame: pd.DataFrame) -> pd.D
 
 
 # --------------------------------------------------------------------------
-# Figures
+# Explore
 # --------------------------------------------------------------------------
-
-def plot_ttft(frame: pd.DataFrame, title: str = "TTFT per arm and concurrency"):
-    """Box plot of TTFT per arm, one panel per target, concurrency on x."""
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
-    from .. import plots as _lab_style  # noqa: F401 (the lab's figure theme)
-    targets = list(dict.fromkeys(frame.target))
-    fig, axes = plt.subplots(1, len(targets), figsize=(6 * len(targets), 4), squeeze=False)
-    for ax, target in zip(axes[0], targets):
-        data = frame[(frame.target == target) & frame.ok]
-        sns.boxplot(data=data, x="concurrency", y="ttft_ms", hue="arm", ax=ax, showfliers=False)
-        ax.set_title(target)
-        ax.set_xlabel("requests in flight (concurrency)")
-        ax.set_ylabel("TTFT (ms)")
-        ax.legend(title="arm", fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-def plot_remote(frame: pd.DataFrame, title: str = "TTFT against the round-trip time"):
-    """Left: TTFT per arm against the emulated RTT. Right: the connection
-    set-up each request paid (TCP + TLS, 0 on a reused connection)."""
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
-    from .. import plots as _lab_style  # noqa: F401 (the lab's figure theme)
-    ok = frame[frame.ok]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    sns.lineplot(data=ok, x="rtt_ms", y="ttft_ms", hue="arm", marker="o", errorbar=("pi", 80),
-                 ax=axes[0])
-    axes[0].set_ylabel("TTFT (ms)")
-    axes[0].legend(title="arm (median, 80% band)", fontsize="small")
-    axes[0].set_title("time to first token")
-    sns.lineplot(data=ok, x="rtt_ms", y="setup_ms", hue="arm", marker="o", errorbar=None,
-                 estimator="mean", ax=axes[1])
-    axes[1].set_ylabel("connection set-up per request, mean (ms)")
-    axes[1].legend(title="arm", fontsize="small")
-    axes[1].set_title("what reuse saves: TCP + TLS set-up")
-    for ax in axes:
-        ax.set_xlabel("emulated round-trip time to the server (ms)")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
 
 def explore(ctx, app: AppServer, concurrency: int, rtt_ms: float, n: int = 8) -> pd.DataFrame:
     """Explore: the three arms against the TLS app at one concurrency and RTT."""
