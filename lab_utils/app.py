@@ -785,5 +785,26 @@ def start_app(ctx, engine, **kw: Any) -> AppServer:
     return app
 
 
+_APPS: dict[str, AppServer] = {}
+
+
+def app_for(ctx, engine, **kw: Any) -> AppServer:
+    """The notebook's app in front of `engine` (`start_app` once for each
+    engine and settings, then the same app while it runs)."""
+    key = f"{engine.base_url}|{sorted(kw.items())}"
+    app = _APPS.get(key)
+    if app is None or not app.alive:
+        app = _APPS[key] = start_app(ctx, engine, **kw)
+    return app
+
+
+def dead_upstream_app(ctx) -> AppServer:
+    """An app whose vLLM is not running (a free port nobody listens on): what
+    a client sees when the engine behind the app is down."""
+    app = AppServer(f"http://127.0.0.1:{free_port()}", "none",
+                    log_path=ctx.results.dir / "logs" / ctx.name / "app-dead-upstream.log")
+    return app.start()
+
+
 if __name__ == "__main__":
     main()

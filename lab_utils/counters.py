@@ -134,6 +134,19 @@ def cache_config(base_url: str, api_key: str | None = None) -> dict[str, str]:
     return {}
 
 
+def counter_by_label(text: str, family: str, label: str) -> dict[str, float]:
+    """One counter family of /metrics exposition text (`family` without
+    `_total`, e.g. "vllm:request_success"), summed per value of `label` (over
+    engines and other labels); samples without that label are left out."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name == family:
+            for s in fam.samples:
+                if s.name.endswith("_total") and label in s.labels:
+                    out[s.labels[label]] = out.get(s.labels[label], 0.0) + s.value
+    return out
+
+
 def block_size_of(engine, default: int | None = None) -> int | None:
     """The engine's KV block size from vLLM's `cache_config_info` labels
     (`engine.info["cache_config"]`, read when the engine started), else `default`."""

@@ -2,7 +2,8 @@
 returns the status and body, and a JSON POST to an OpenAI-compatible API.
 
 Streamed, timed requests go through `lab_utils.client`; these are for
-health checks, /metrics, /version and one-off answers (prompt logprobs).
+health checks, /metrics, /version, one-off answers (prompt logprobs) and a
+look at a response's raw bytes (`fetch_raw`: a wire format as it is sent).
 """
 from __future__ import annotations
 
@@ -51,3 +52,13 @@ def post_json(base_url_or_engine: Any, path: str, body: Mapping[str, Any],
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         raise ServerError(f"{url} answered HTTP {exc.code}: {exc.read()[:500]!r}") from exc
+
+
+def fetch_raw(url: str, body: Mapping[str, Any], timeout: float = 120.0,
+              ssl_context=None) -> tuple[dict, bytes]:
+    """POST `body` as JSON and return (headers, the whole body's bytes) as they
+    came, whatever the status: for looking at wire formats (SSE framing)."""
+    import httpx
+    with httpx.Client(timeout=timeout, verify=ssl_context or True) as client:
+        resp = client.post(url, json=dict(body))
+        return dict(resp.headers), resp.content

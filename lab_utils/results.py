@@ -111,6 +111,13 @@ class Results:
         self.save()
         return arm
 
+    def add_run(self, run: Run, slo: SLO | None = None, **extra: Any) -> dict[str, Any]:
+        """An arm timed outside `measure` (labelled `run.label`): its records
+        written to the arm's JSONL file, then recorded as `add_arm` does."""
+        with open(self.records_path(run.label), "w") as out:
+            out.writelines(json.dumps(r.to_json()) + "\n" for r in run.records)
+        return self.add_arm(run.label, run, slo, **extra)
+
     def add_finding(self, technique: str, metric: str, baseline: float, treated: float,
                     article_claim: str, mechanism: str, *, samples: tuple | None = None,
                     stat: str = "median", checklist: str | None = None,

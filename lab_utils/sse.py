@@ -3,7 +3,9 @@
 delivery experiments read streams with (`pop_sse_blocks`, `sse_data`,
 `pop_sse_data`), following the WHATWG parsing rules: CRLF, CR and LF all end
 a line, a blank line dispatches the event, `data:` lines join with newlines
-and lose one leading space, comment lines (`:`) carry no data."""
+and lose one leading space, comment lines (`:`) carry no data. To check a
+stream against another implementation of those rules, `decode_events` runs
+the `openai` SDK's own decoder over it."""
 from __future__ import annotations
 
 import json
@@ -64,4 +66,12 @@ def pop_sse_data(buffer: bytearray) -> Iterable[str]:
             yield data
 
 
-__all__ = ["pop_sse_blocks", "pop_sse_data", "sse_comment", "sse_data", "sse_event"]
+def decode_events(raw: bytes) -> list[str]:
+    """The `data` of every event a spec-following SSE client dispatches for
+    `raw`: the `openai` SDK's own decoder (it implements the WHATWG rules)."""
+    from openai._streaming import SSEDecoder
+    return [e.data for e in SSEDecoder().iter_bytes(iter([raw]))]
+
+
+__all__ = ["decode_events", "pop_sse_blocks", "pop_sse_data", "sse_comment", "sse_data",
+           "sse_event"]

@@ -32,8 +32,8 @@ from lab_utils.app import (
     sse_event,
     timing_from_comment,
 )
-from lab_utils.experiments.streaming import decode_events
 from lab_utils.server import free_port, lab_server_processes
+from lab_utils.sse import decode_events
 
 LONG_CHUNKS = 200
 LONG_GAP_S = 0.02
@@ -554,3 +554,25 @@ def test_hang_up_aborts_the_generation_on_a_real_engine(tmp_path_factory):
     assert cut["app_client_disconnects"] == 1 and cut["app_upstream_aborted"] == 1
     # Only this test's engine and app: the module's app fixture is still serving.
     assert [p for p in lab_server_processes(owner=os.getpid()) if p[0] in started] == []
+
+
+def test_app_for_starts_one_app_per_engine_and_settings(monkeypatch):
+    import lab_utils.app as app_module
+    started = []
+
+    class Stub:
+        alive = True
+
+    def start(ctx, engine, **kw):
+        started.append(kw)
+        return Stub()
+
+    monkeypatch.setattr(app_module, "start_app", start)
+    monkeypatch.setattr(app_module, "_APPS", {})
+    engine = type("E", (), {"base_url": "http://127.0.0.1:1"})()
+    first = app_module.app_for(None, engine)
+    assert app_module.app_for(None, engine) is first and len(started) == 1
+    app_module.app_for(None, engine, tls=True)
+    assert started == [{}, {"tls": True}]
+    first.alive = False                   # stopped: the next call starts a new one
+    assert app_module.app_for(None, engine) is not first and len(started) == 3

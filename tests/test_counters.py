@@ -12,6 +12,7 @@ from lab_utils.counters import (
     HISTOGRAMS,
     Histogram,
     block_size_of,
+    counter_by_label,
     delta,
     parse_metrics,
     prefix_caching_of,
@@ -316,3 +317,20 @@ def test_block_size_and_prefix_caching_from_server_labels():
     assert block_size_of(_Engine(), default=16) == 16
     assert prefix_caching_of(_Engine(flags={"enable_prefix_caching": False})) is False
     assert prefix_caching_of(_Engine()) is None
+
+
+def test_counter_by_label_sums_each_label_value_over_engines():
+    # As vLLM writes it: TYPE on the *_total name, *_created as a gauge beside it.
+    text = """# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="stop"} 3.0
+vllm:request_success_total{engine="1",finished_reason="stop"} 2.0
+vllm:request_success_total{engine="0",finished_reason="length"} 4.0
+# TYPE vllm:request_success_created gauge
+vllm:request_success_created{engine="0",finished_reason="stop"} 1.7e9
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0"} 9.0
+"""
+    assert counter_by_label(text, "vllm:request_success", "finished_reason") == {
+        "stop": 5.0, "length": 4.0}
+    assert counter_by_label(text, "vllm:num_preemptions", "finished_reason") == {}
+    assert counter_by_label(text, "vllm:absent", "x") == {}

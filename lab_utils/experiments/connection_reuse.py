@@ -44,10 +44,10 @@ import pandas as pd
 from ..app import AppServer
 from ..arms import Arm, Plan
 from ..client import run_sync
-from ..connection_trace import ConnTrace, connection_setup, traced_stream
+from ..connection_trace import traced_stream
 from ..figures.connection_reuse import plot_remote, plot_ttft
 from ..metrics import percentile_stats
-from ..netem import DelayProxy, SlowConnect, delay_connects
+from ..netem import DelayProxy, delay_connects
 from ..results import Results
 from ..workloads import chat_specs
 
@@ -104,11 +104,6 @@ def make_client(arm: str, *, ssl_context: ssl.SSLContext | None = None,
     return httpx.AsyncClient(transport=transport, timeout=timeout_s)
 
 
-def trusting(cafile: str) -> ssl.SSLContext:
-    """A client context that trusts exactly `cafile` (the app's certificate)."""
-    return ssl.create_default_context(cafile=str(cafile))
-
-
 @dataclass
 class Target:
     """Where an arm's requests go."""
@@ -128,7 +123,7 @@ def engine_target(engine) -> Target:
 def app_target(app: AppServer, name: str | None = None) -> Target:
     scheme = "HTTPS" if app.tls else "HTTP"
     return Target(name or f"app ({scheme}, {app.server})", app.base_url, app.model,
-                  trusting(app.cert_path) if app.tls else None, app=app)
+                  app.ssl_context(), app=app)
 
 
 # --------------------------------------------------------------------------
@@ -499,14 +494,10 @@ __all__ = [
     "ARMS",
     "ARTICLE_LIMITS",
     "CLAIM",
-    "ConnTrace",
-    "DelayProxy",
-    "SlowConnect",
     "Target",
     "app_target",
     "arm_summary",
     "client_build_cost",
-    "connection_setup",
     "engine_target",
     "explore",
     "findings",
@@ -525,5 +516,4 @@ __all__ = [
     "sweep",
     "sweep_plan",
     "tls_app",
-    "trusting",
 ]

@@ -11,7 +11,6 @@ so a prefix that fills less than one block can never be a prefix-cache hit:
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -267,16 +266,14 @@ def measure_one_by_one(engine, specs: Sequence[RequestSpec], *, label: str,
     for i, run in enumerate(runs):
         run.records[0].index = i
     if results is not None:
-        records = [run.records[0] for run in runs]
-        with open(results.records_path(label), "w") as out:
-            out.writelines(json.dumps(r.to_json()) + "\n" for r in records)
         keys = ("prefix_cache_queries", "prefix_cache_hits", "prompt_tokens",
                 "generation_tokens", "requests_success")
         total = {k: sum((run.counters or {}).get(k) or 0.0 for run in runs) for k in keys}
-        combined = Run(label, "sequential x1, one /metrics delta per request", records,
-                       sum(run.duration_s for run in runs), counters=total)
+        combined = Run(label, "sequential x1, one /metrics delta per request",
+                       [run.records[0] for run in runs], sum(run.duration_s for run in runs),
+                       counters=total)
         results.add_engine(engine)
-        results.add_arm(label, combined, engine=engine.label,
+        results.add_run(combined, engine=engine.label,
                         server_per_request=[_server_split(run.counters) for run in runs])
     return runs
 

@@ -7,15 +7,16 @@ engine flag) and four client arms, one knob each way: non-streaming vs
 streaming (`"stream"` in the request), direct to vLLM vs through the app. The
 same prompts go to every arm, one request at a time, in a rotating order so a
 busy machine slows every arm alike. `lab_utils.client.Client` only streams,
-so the timing here is its own (one aiohttp session per target, kept alive):
-for a non-streamed request the first visible content arrives with the whole
-body, so TTFT = E2E = time to the full body, as `vllm bench serve` counts
-non-streaming backends.
+so each request is timed by `lab_utils.timed_chat` (one aiohttp session,
+kept alive): for a non-streamed request the first visible content arrives
+with the whole body, so TTFT = E2E = time to the full body, as `vllm bench
+serve` counts non-streaming backends.
 
 Per request it measures, from the client's send:
 - `ttft_ms`: first chunk with `choices` (vllm bench serve's TTFT);
 - `first_content_ms`: first non-empty text the user could see;
-- `first_sentence_ms`: first complete sentence (see `first_sentence_time`);
+- `first_sentence_ms`: first complete sentence (`lab_utils.perceived`, as
+  the reading measures below);
 - `e2e_ms`: last token chunk (streamed) or full body (non-streamed);
 - reading pace: when each word became complete, the fastest reader the stream
   stays ahead of (`max_unstalled_wpm`), and how long a reader at `reading_wpm`
@@ -23,29 +24,35 @@ Per request it measures, from the client's send:
 - vLLM's own view (its TTFT and E2E histograms, scraped around each request):
   the engine makes its first token at the same moment in both modes; only the
   delivery differs.
+
+The figures are `lab_utils.figures.streaming`'s.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
-import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from ..app import AppServer, pop_sse_blocks, sse_data, start_app, timing_from_comment
+from ..app import AppServer, app_for, dead_upstream_app
 from ..arms import Arm, Plan
 from ..client import RequestRecord, Run, run_sync
-from ..counters import parse_metrics
+from ..counters import counter_by_label, delta, parse_metrics
+from ..figures.streaming import (plot_disconnect, plot_perceived_by_length, plot_reading,
+                                 plot_token_arrivals)
+from ..http import fetch_raw
 from ..metrics import percentile_stats
+from ..perceived import (READING_WPM, first_content_time, perceived_reduction_by_length,
+                         reading_measures, tokens_for_reduction)
 from ..results import Results
-from ..workloads import chat, chat_questions
+from ..sse import decode_events, pop_sse_data
+from ..timed_chat import Timed, chat_session, request_body, timed_request
+from ..workloads import chat, chat_specs
 
 
 def plan(profile, params) -> Plan:
@@ -59,10 +66,6 @@ def plan(profile, params) -> Plan:
 #: (target, stream) of the four client arms, and their labels.
 ARMS: list[tuple[str, bool]] = [("direct", False), ("direct", True), ("app", False),
                                 ("app", True)]
-#: Typical adult silent reading pace (words per minute); the default reader.
-READING_WPM = 250
-_SENTENCE_END = re.compile(r"[.!?。！？]")
-_WORD = re.compile(r"\S+")
 
 
 def arm_label(target: str, stream: bool) -> str:
@@ -70,252 +73,12 @@ def arm_label(target: str, stream: bool) -> str:
 
 
 # --------------------------------------------------------------------------
-# Perceived-latency measures (pure, unit-tested)
-# --------------------------------------------------------------------------
-
-def first_content_time(times: Sequence[float], pieces: Sequence[str]) -> float | None:
-    """Arrival of the first piece with visible (non-blank) text."""
-    for t, piece in zip(times, pieces):
-        if piece and piece.strip():
-            return t
-    return None
-
-
-def first_sentence_time(times: Sequence[float], pieces: Sequence[str], *,
-                        min_words: int = 3) -> float | None:
-    """Arrival of the first complete sentence: a `.`, `!` or `?` (or their CJK
-    forms) that ends at least `min_words` words (so "1." of a list does not
-    count) and is followed by whitespace, or ends the whole answer (a `.` at
-    the end of a chunk may still become "3.5")."""
-    text = ""
-    for i, (t, piece) in enumerate(zip(times, pieces)):
-        start = max(0, len(text) - 1)  # a terminator at the old end may be settled now
-        text += piece or ""
-        last = i == len(pieces) - 1
-        for m in _SENTENCE_END.finditer(text, start):
-            end = m.end()
-            settled = end < len(text) and text[end].isspace() or (end == len(text) and last)
-            if settled and len(_WORD.findall(text[:end])) >= min_words:
-                return t
-    return None
-
-
-def word_arrival_times(times: Sequence[float], pieces: Sequence[str]) -> list[float]:
-    """When each word became complete: followed by whitespace, or at the end
-    of the answer for the last one."""
-    text, out = "", []
-    for i, (t, piece) in enumerate(zip(times, pieces)):
-        text += piece or ""
-        words = _WORD.findall(text)
-        complete = len(words) if (i == len(pieces) - 1 or (text and text[-1].isspace())) \
-            else max(0, len(words) - 1)
-        out.extend([t] * (complete - len(out)))
-    return out
-
-
-def max_unstalled_wpm(word_times: Sequence[float]) -> float:
-    """The fastest reader (words/min, starting at the first word) who never has
-    to wait for a word: min over k of k / (arrival_k - arrival_0). Infinite
-    when every word arrives at once (a non-streamed body)."""
-    if len(word_times) < 2:
-        return math.inf
-    t0 = word_times[0]
-    rates = [60.0 * k / (t - t0) for k, t in enumerate(word_times[1:], 1) if t > t0]
-    return min(rates) if rates else math.inf
-
-
-def reader_times(word_times: Sequence[float], wpm: float) -> list[float]:
-    """When a reader who starts at the first word and reads at `wpm` words/min
-    reaches each word, waiting whenever the next word has not arrived yet."""
-    if not wpm > 0:
-        raise ValueError(f"wpm must be > 0, got {wpm!r}")
-    gap = 60.0 / wpm
-    out: list[float] = []
-    for arrival in word_times:
-        out.append(arrival if not out else max(out[-1] + gap, arrival))
-    return out
-
-
-def reading_schedule(word_times: Sequence[float], wpm: float) -> dict[str, float]:
-    """`reader_times` summed up: when the reader starts, how long they wait for
-    words in all (`stall_s`), and when they finish the answer (`done_s`)."""
-    read = reader_times(word_times, wpm)
-    if not read:
-        return {"start_s": math.nan, "stall_s": math.nan, "done_s": math.nan}
-    gap = 60.0 / wpm
-    stall = read[-1] - (read[0] + gap * (len(read) - 1))
-    return {"start_s": read[0], "stall_s": max(0.0, stall), "done_s": read[-1] + gap}
-
-
-def perceived_reduction_by_length(times: Sequence[float], token_counts: Sequence[int],
-                                  first_content: float) -> pd.DataFrame:
-    """For a streamed answer: if it had been k tokens long, a non-streaming
-    client would have waited for token k (the engine does the same work), a
-    streaming one only for the first content. One row per k."""
-    rows = []
-    seen = 0
-    for t, n in zip(times, token_counts):
-        for k in range(seen + 1, int(n) + 1):
-            rows.append({"tokens": k, "non_stream_wait_ms": t * 1e3,
-                         "stream_wait_ms": first_content * 1e3,
-                         "perceived_change_pct": (first_content - t) / t * 100 if t > 0 else 0})
-        seen = max(seen, int(n))
-    return pd.DataFrame(rows)
-
-
-def tokens_for_reduction(by_length: pd.DataFrame, target_pct: float = -80.0) -> int | None:
-    """Shortest answer (tokens) from which the median perceived change reaches
-    `target_pct` (e.g. the article's -80%) and stays there."""
-    med = by_length.groupby("tokens")["perceived_change_pct"].median().sort_index()
-    ok = med <= target_pct
-    if not ok.any():
-        return None
-    bad = med.index[~ok]
-    after = med.index[med.index > (bad.max() if len(bad) else -1)]
-    return int(after.min()) if len(after) else None
-
-
-# --------------------------------------------------------------------------
 # One timed request (any arm)
 # --------------------------------------------------------------------------
-
-@dataclass
-class Timed:
-    """One request as the client saw it (seconds since its send)."""
-    arm: str
-    index: int
-    stream: bool
-    status: int | None = None
-    error: str = ""
-    headers_s: float | None = None      # response headers received
-    ttft_s: float | None = None         # first chunk with choices
-    e2e_s: float | None = None          # last token chunk / full body
-    times: list[float] = field(default_factory=list)       # content pieces' arrivals
-    pieces: list[str] = field(default_factory=list)
-    token_counts: list[int] = field(default_factory=list)  # cumulative, per piece
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    cached_tokens: int | None = None
-    app_timing: dict[str, Any] = field(default_factory=dict)
-    send_time: float = 0.0
-    start: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not self.error and self.ttft_s is not None
-
-    @property
-    def text(self) -> str:
-        return "".join(self.pieces)
-
-    def record(self, label: str) -> RequestRecord:
-        """A lab RequestRecord (so `Results.add_arm` and `lab.plots` take it)."""
-        return RequestRecord(
-            index=self.index, tag=self.arm, label=label, send_time=self.send_time,
-            start=self.start, ttft=self.ttft_s, e2e=self.e2e_s,
-            itl=list(np.diff(self.times)) if self.stream and len(self.times) > 1 else [],
-            chunk_times=list(self.times), chunk_tokens=list(self.token_counts),
-            prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
-            cached_tokens=self.cached_tokens, status=self.status, ok=self.ok,
-            error=self.error, text=self.text)
-
-
-def request_body(model: str, messages: list[dict], max_tokens: int, stream: bool) -> dict:
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": stream}  # ignore_eos: every arm gets max_tokens
-    if stream:
-        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-    return body
-
-
-def _usage(t: Timed, usage: dict | None) -> None:
-    if usage:
-        t.output_tokens = usage.get("completion_tokens", t.output_tokens)
-        t.prompt_tokens = usage.get("prompt_tokens", t.prompt_tokens)
-        t.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens",
-                                                                          t.cached_tokens)
-
-
-async def timed_request(session, url: str, body: dict, *, arm: str = "", index: int = 0,
-                        headers: dict | None = None) -> Timed:
-    """POST `body` to `url` (an OpenAI chat endpoint) and time what arrives."""
-    stream = bool(body.get("stream"))
-    t = Timed(arm=arm, index=index, stream=stream)
-    t.send_time = time.time()
-    t0 = t.start = time.perf_counter()
-    try:
-        async with session.post(url, json=body, headers=headers) as resp:
-            t.headers_s = time.perf_counter() - t0
-            t.status = resp.status
-            if resp.status != 200:
-                t.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
-                return t
-            if not stream:
-                data = json.loads(await resp.read())
-                now = time.perf_counter() - t0
-                t.ttft_s = t.e2e_s = now
-                text = data["choices"][0]["message"].get("content") or ""
-                _usage(t, data.get("usage"))
-                t.times, t.pieces, t.token_counts = [now], [text], [t.output_tokens or 0]
-                for part in resp.headers.get("Server-Timing", "").split(","):
-                    name, _, dur = part.strip().partition(";dur=")
-                    if dur:
-                        t.app_timing[f"{name}_s"] = float(dur) / 1e3
-                return t
-            buffer = bytearray()
-            async for raw in resp.content.iter_any():
-                now = time.perf_counter() - t0
-                buffer += raw
-                for block in pop_sse_blocks(buffer):
-                    timing = timing_from_comment(block)
-                    if timing is not None:
-                        t.app_timing.update(timing)
-                    data = sse_data(block)
-                    if data is None or data == "[DONE]":
-                        continue
-                    chunk = json.loads(data)
-                    if "error" in chunk and not chunk.get("choices"):
-                        t.error = f"stream error: {chunk['error']}"
-                        continue
-                    _usage(t, chunk.get("usage"))
-                    choices = chunk.get("choices")
-                    if not choices:
-                        continue
-                    t.ttft_s = t.ttft_s if t.ttft_s is not None else now
-                    t.e2e_s = now
-                    t.times.append(now)
-                    t.pieces.append((choices[0].get("delta") or {}).get("content") or "")
-                    t.token_counts.append((chunk.get("usage") or {}).get("completion_tokens",
-                                                                          len(t.times)))
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # refused, reset, bad JSON
-        t.error = f"{type(exc).__name__}: {exc}"
-    return t
-
 
 def _auth(engine) -> dict[str, str] | None:
     """The engine's bearer header (a remote server may want its API key)."""
     return {"Authorization": f"Bearer {engine.api_key}"} if engine.api_key else None
-
-
-async def _scrape(session, engine):
-    try:
-        async with session.get(engine.base_url + "/metrics", headers=_auth(engine)) as resp:
-            return parse_metrics(await resp.text()) if resp.status == 200 else None
-    except Exception:
-        return None
-
-
-def _server_view(before, after) -> dict[str, float | None]:
-    """vLLM's TTFT/E2E for the one request between two scrapes (histogram sums)."""
-    if before is None or after is None:
-        return {"server_ttft_ms": None, "server_e2e_ms": None}
-    out = {}
-    for key, name in (("server_ttft_s", "server_ttft_ms"), ("server_e2e_s", "server_e2e_ms")):
-        h = after.histograms[key] - before.histograms[key]
-        out[name] = h.sum / h.count * 1e3 if h.count else None
-    return out
 
 
 async def _chat(session, engine, app: AppServer | None, target: str, messages: list[dict],
@@ -329,27 +92,32 @@ async def _chat(session, engine, app: AppServer | None, target: str, messages: l
                                headers=_auth(engine) if direct else None)
 
 
-def _session(limit: int = 8):
-    import aiohttp
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=30),
-                                 timeout=aiohttp.ClientTimeout(total=600), read_bufsize=1 << 20)
+async def _scrape(session, engine):
+    try:
+        async with session.get(engine.base_url + "/metrics", headers=_auth(engine)) as resp:
+            return parse_metrics(await resp.text()) if resp.status == 200 else None
+    except Exception:
+        return None
+
+
+def _server_view(before, after) -> dict[str, float | None]:
+    """vLLM's TTFT/E2E for the one request between two scrapes (histogram means)."""
+    d = delta(before, after) if before is not None and after is not None else {}
+    ms = lambda key: d[key] * 1e3 if d.get(key) is not None else None  # noqa: E731
+    return {"server_ttft_ms": ms("server_ttft_s_mean"), "server_e2e_ms": ms("server_e2e_s_mean")}
 
 
 def _row(t: Timed, reading_wpm: float) -> dict[str, Any]:
-    target = t.arm.partition("/")[0]
-    words = word_arrival_times(t.times, t.pieces)
-    reading = reading_schedule(words, reading_wpm) if words else {}
-    first = first_content_time(t.times, t.pieces)
-    sentence = first_sentence_time(t.times, t.pieces)
-    ms = lambda v: v * 1e3 if v is not None and not math.isnan(v) else math.nan
-    return {"arm": t.arm, "target": target, "stream": t.stream, "index": t.index, "ok": t.ok,
-            "error": t.error, "output_tokens": t.output_tokens, "cached_tokens": t.cached_tokens,
-            "headers_ms": ms(t.headers_s), "ttft_ms": ms(t.ttft_s),
-            "first_content_ms": ms(first), "first_sentence_ms": ms(sentence),
-            "e2e_ms": ms(t.e2e_s), "words": len(words),
-            "max_unstalled_wpm": max_unstalled_wpm(words) if words else math.nan,
-            "reading_stall_ms": ms(reading.get("stall_s")),
-            "reading_done_ms": ms(reading.get("done_s")),
+    ms = lambda v: v * 1e3 if v is not None and not math.isnan(v) else math.nan  # noqa: E731
+    seen = reading_measures(t.times, t.pieces, reading_wpm)
+    return {"arm": t.arm, "target": t.arm.partition("/")[0], "stream": t.stream,
+            "index": t.index, "ok": t.ok, "error": t.error, "output_tokens": t.output_tokens,
+            "cached_tokens": t.cached_tokens, "headers_ms": ms(t.headers_s),
+            "ttft_ms": ms(t.ttft_s), "first_content_ms": ms(seen["first_content_s"]),
+            "first_sentence_ms": ms(seen["first_sentence_s"]), "e2e_ms": ms(t.e2e_s),
+            "words": seen["words"], "max_unstalled_wpm": seen["max_unstalled_wpm"],
+            "reading_stall_ms": ms(seen["reading_stall_s"]),
+            "reading_done_ms": ms(seen["reading_done_s"]),
             "app_upstream_ttft_ms": ms(t.app_timing.get("upstream_ttft_s")),
             "app_upstream_e2e_ms": ms(t.app_timing.get("upstream_e2e_s")
                                       or t.app_timing.get("upstream_s")),
@@ -362,9 +130,7 @@ def _row(t: Timed, reading_wpm: float) -> dict[str, Any]:
 
 def prompts(n: int, seed: int = 0) -> list[list[dict]]:
     """`n` chat requests from datasets/chat_questions.jsonl (seeded)."""
-    qs = chat_questions()
-    random.Random(seed).shuffle(qs)
-    return [chat(qs[i % len(qs)]["question"]) for i in range(n)]
+    return [spec.messages for spec in chat_specs(n, seed=seed)]
 
 
 @dataclass
@@ -392,7 +158,7 @@ def compare_arms(engine, app: AppServer | None, n_prompts: int = 4, max_tokens: 
         timed: list[tuple[Timed, dict]] = []
         bar = tqdm(total=len(batches) * len(arms), desc="streaming arms", disable=not progress,
                    leave=False)
-        async with _session() as session:
+        async with chat_session() as session:
             for i, messages in enumerate(batches):
                 for j in range(len(arms)):
                     target, stream = arms[(i + j) % len(arms)]
@@ -411,11 +177,8 @@ def compare_arms(engine, app: AppServer | None, n_prompts: int = 4, max_tokens: 
     result = ArmsResult(frame, [t for t, _ in timed])
     if results is not None:
         for label in dict.fromkeys(t.arm for t in result.timed):
-            recs = result.records(label)
-            path = results.records_path(label)
-            path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in recs))
-            results.add_arm(label, Run(label, "sequential x1 (arms interleaved)", recs, duration),
-                            engine=engine.label, max_tokens=max_tokens)
+            results.add_run(Run(label, "sequential x1 (arms interleaved)", result.records(label),
+                                duration), engine=engine.label, max_tokens=max_tokens)
         results.add_engine(engine)
     return result
 
@@ -477,7 +240,7 @@ def app_overhead(engine, app: AppServer, n: int = 24, max_tokens: int = 2, *, se
 
     async def go():
         out = []
-        async with _session() as session:
+        async with chat_session() as session:
             for i, messages in enumerate(tqdm(batches, desc="app overhead", disable=not progress,
                                               leave=False)):
                 for target in (("direct", "app") if i % 2 == 0 else ("app", "direct")):
@@ -516,19 +279,6 @@ def overhead_summary(frame: pd.DataFrame) -> pd.DataFrame:
 # Disconnects abort the generation
 # --------------------------------------------------------------------------
 
-def _finished(text: str) -> dict[str, float]:
-    """vllm:request_success_total by finished_reason."""
-    from prometheus_client.parser import text_string_to_metric_families
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.name == "vllm:request_success":
-            for s in fam.samples:
-                if s.name.endswith("_total"):
-                    reason = s.labels.get("finished_reason", "?")
-                    out[reason] = out.get(reason, 0.0) + s.value
-    return out
-
-
 def disconnect_aborts(engine, app: AppServer, *, max_tokens: int = 512, read_tokens: int = 8,
                       poll_s: float = 0.05, settle_s: float = 5.0, path: str = "/chat",
                       ) -> tuple[dict[str, Any], pd.DataFrame]:
@@ -544,12 +294,12 @@ def disconnect_aborts(engine, app: AppServer, *, max_tokens: int = 512, read_tok
 
     async def go():
         timeline, marks = [], {}
-        async with _session() as session:
+        async with chat_session() as session:
             async def metrics():
                 async with session.get(metrics_url, headers=auth) as resp:
                     text = await resp.text()
                 snap = parse_metrics(text)
-                return snap, _finished(text)
+                return snap, counter_by_label(text, "vllm:request_success", "finished_reason")
 
             before, finished_before = await metrics()
             t0 = time.perf_counter()
@@ -578,7 +328,7 @@ def disconnect_aborts(engine, app: AppServer, *, max_tokens: int = 512, read_tok
                 buffer = bytearray()
                 async for raw in resp.content.iter_any():
                     buffer += raw
-                    for data in (sse_data(b) for b in pop_sse_blocks(buffer)):
+                    for data in pop_sse_data(buffer):
                         if data and '"content"' in data:
                             read += 1
                             marks.setdefault("first_token_s", time.perf_counter() - t0)
@@ -630,13 +380,6 @@ def disconnect_aborts(engine, app: AppServer, *, max_tokens: int = 512, read_tok
 # Framing, and errors
 # --------------------------------------------------------------------------
 
-def decode_events(raw: bytes) -> list[str]:
-    """The `data` of every event a spec-following SSE client dispatches for
-    `raw`: the `openai` SDK's own decoder (it implements the WHATWG rules)."""
-    from openai._streaming import SSEDecoder
-    return [e.data for e in SSEDecoder().iter_bytes(iter([raw]))]
-
-
 def framing_demo(pieces: Sequence[str]) -> pd.DataFrame:
     """The same tokens framed as the article's snippet does and as SSE requires,
     and what an SSE client makes of each."""
@@ -649,14 +392,6 @@ def framing_demo(pieces: Sequence[str]) -> pd.DataFrame:
         rows.append({"framing": name, "bytes": raw.decode(), "events_dispatched": len(events),
                      "events": events})
     return pd.DataFrame(rows).set_index("framing")
-
-
-def fetch_raw(url: str, body: dict, timeout: float = 120.0, ssl_context=None) -> tuple[dict, bytes]:
-    """POST and return (headers, whole body bytes): for looking at wire formats."""
-    import httpx
-    with httpx.Client(timeout=timeout, verify=ssl_context or True) as client:
-        resp = client.post(url, json=body)
-        return dict(resp.headers), resp.content
 
 
 def error_cases(app: AppServer, dead_app: AppServer | None = None) -> pd.DataFrame:
@@ -689,106 +424,6 @@ def error_cases(app: AppServer, dead_app: AppServer | None = None) -> pd.DataFra
 
 
 # --------------------------------------------------------------------------
-# Figures
-# --------------------------------------------------------------------------
-
-def _figure():
-    """One figure and axes, 7.5 x 4 in, in the lab's theme (set on import)."""
-    import matplotlib.pyplot as plt
-
-    from .. import plots as _lab_style  # noqa: F401 (the lab's figure theme)
-    return plt.subplots(figsize=(7.5, 4))
-
-
-def _titled(fig, title: str):
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-def plot_perceived_by_length(by_length: pd.DataFrame, claim_pct: float = -80.0,
-                             title: str = "Perceived-latency change of streaming, by answer length"):
-    import seaborn as sns
-    fig, ax = _figure()
-    sns.lineplot(data=by_length, x="tokens", y="perceived_change_pct", hue="arm",
-                 errorbar=("pi", 80), ax=ax)
-    ax.axhline(claim_pct, color="crimson", ls="--", label=f"article: {claim_pct:.0f}%")
-    ax.set_xlabel("answer length (output tokens)")
-    ax.set_ylabel("first visible content vs whole answer (%)")
-    ax.legend(title="arm (median, 80% band)")
-    return _titled(fig, title)
-
-
-def plot_reading(result: ArmsResult, index: int = 0, target: str = "direct",
-                 wpm: float = READING_WPM, title: str = "Does the stream stay ahead of a reader?"):
-    """Words available over time for prompt `index`, streamed and not, and a
-    reader at `wpm` words/min who starts at the first word of each."""
-    fig, ax = _figure()
-    for stream, color in ((True, "tab:blue"), (False, "tab:orange")):
-        label = arm_label(target, stream)
-        found = [t for t in result.timed if t.arm == label and t.index == index and t.ok]
-        if not found:
-            continue
-        words = word_arrival_times(found[0].times, found[0].pieces)
-        if not words:
-            continue
-        ax.step(words + [words[-1]], list(range(1, len(words) + 1)) + [len(words)],
-                where="post", color=color, label=f"{label}: words arrived")
-        read = reader_times(words, wpm)
-        done = reading_schedule(words, wpm)["done_s"]
-        ax.plot(read + [done], list(range(len(read) + 1)), color=color, ls=":",
-                label=f"{label}: reader at {wpm:.0f} wpm (done at {done:.1f} s)")
-    ax.set_xlabel("time since request sent (s)")
-    ax.set_ylabel("words")
-    ax.legend(fontsize="small")
-    return _titled(fig, title)
-
-
-def plot_disconnect(timeline: pd.DataFrame, summary: dict[str, Any],
-                    title: str = "Hanging up aborts the generation"):
-    """vLLM's running requests and generated tokens around the hang-up."""
-    fig, ax = _figure()
-    ax.step(timeline.t_s, timeline.running, where="post", color="tab:blue",
-            label="vllm:num_requests_running")
-    ax.set_xlabel("time since the request was sent (s)")
-    ax.set_ylabel("requests running")
-    ax.set_ylim(-0.1, max(1.5, timeline.running.max() + 0.5))
-    right = ax.twinx()
-    right.plot(timeline.t_s, timeline.generated, color="tab:orange",
-               label="vllm:generation_tokens (since start)")
-    right.set_ylabel("tokens generated")
-    right.grid(False)
-    ax.axvline(summary["hang_up_s"], color="crimson", ls="--", label="client hangs up")
-    handles = ax.get_legend_handles_labels()
-    more = right.get_legend_handles_labels()
-    ax.legend(handles[0] + more[0], handles[1] + more[1], loc="center right", fontsize="small")
-    return _titled(fig, title)
-
-
-def plot_token_arrivals(result: ArmsResult,
-                        title: str = "Output tokens visible to the client"):
-    """Tokens the client holds against time since send, one line per request:
-    a streamed answer climbs from its first chunk; a non-streamed one jumps
-    from 0 to all of it when the body arrives."""
-    import seaborn as sns
-    fig, ax = _figure()
-    arms = list(dict.fromkeys(t.arm for t in result.timed))
-    palette = dict(zip(arms, sns.color_palette("tab10", len(arms))))
-    seen = set()
-    for t in result.timed:
-        if not t.ok:
-            continue
-        xs, ys = [0.0, *t.times], [0, *t.token_counts]
-        ax.step(xs, ys, where="post", color=palette[t.arm], alpha=0.7,
-                ls="-" if t.stream else "--", label=None if t.arm in seen else t.arm)
-        seen.add(t.arm)
-    ax.set_xlabel("time since request sent (s)")
-    ax.set_ylabel("output tokens received")
-    ax.legend(title="arm (one line per request)", fontsize="small")
-    return _titled(fig, title)
-
-
-# --------------------------------------------------------------------------
 # The notebook's app, and Explore
 # --------------------------------------------------------------------------
 
@@ -800,26 +435,6 @@ def explore(ctx, max_tokens: int, reading_wpm: float, n_prompts: int = 2) -> pd.
     result = compare_arms(engine, app, n_prompts, max_tokens, reading_wpm=reading_wpm,
                           seed=random.randrange(1000))
     return arm_table(result.frame).round(0)
-
-
-_APPS: dict[str, AppServer] = {}
-
-
-def app_for(ctx, engine, **kw: Any) -> AppServer:
-    """The notebook's app in front of `engine` (started once, reused)."""
-    key = f"{engine.base_url}|{sorted(kw.items())}"
-    app = _APPS.get(key)
-    if app is None or not app.alive:
-        app = _APPS[key] = start_app(ctx, engine, **kw)
-    return app
-
-
-def dead_upstream_app(ctx) -> AppServer:
-    """An app whose vLLM is not running (a free port nobody listens on)."""
-    from ..server import free_port
-    app = AppServer(f"http://127.0.0.1:{free_port()}", "none",
-                    log_path=ctx.results.dir / "logs" / ctx.name / "app-dead-upstream.log")
-    return app.start()
 
 
 # --------------------------------------------------------------------------
@@ -883,42 +498,11 @@ def findings(claim: dict[str, float], overhead_table: pd.DataFrame, cut: dict[st
     ]
 
 
-__all__ = [
-    "ARMS",
-    "CLAIM",
-    "READING_WPM",
-    "ArmsResult",
-    "Timed",
-    "app_for",
-    "app_overhead",
-    "arm_label",
-    "arm_table",
-    "claim_check",
-    "compare_arms",
-    "dead_upstream_app",
-    "decode_events",
-    "disconnect_aborts",
-    "error_cases",
-    "explore",
-    "fetch_raw",
-    "findings",
-    "first_content_time",
-    "first_sentence_time",
-    "framing_demo",
-    "max_unstalled_wpm",
-    "overhead_summary",
-    "perceived_reduction_by_length",
-    "plot_disconnect",
-    "plot_perceived_by_length",
-    "plot_reading",
-    "plan",
-    "plot_token_arrivals",
-    "prompts",
-    "reader_times",
-    "reading_schedule",
-    "reduction_by_length",
-    "reduction_note",
-    "request_body",
+__all__ = [  # defined here, then the shared names the notebook reads from here
+    "ARMS", "CLAIM", "ArmsResult", "app_overhead", "arm_label", "arm_table", "claim_check",
+    "compare_arms", "disconnect_aborts", "error_cases", "explore", "findings", "framing_demo",
+    "overhead_summary", "plan", "prompts", "reduction_by_length", "reduction_note",
+    "READING_WPM", "Timed", "app_for", "dead_upstream_app", "decode_events", "fetch_raw",
+    "plot_disconnect", "plot_perceived_by_length", "plot_reading", "plot_token_arrivals",
     "tokens_for_reduction",
-    "word_arrival_times",
 ]
