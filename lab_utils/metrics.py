@@ -2,7 +2,10 @@
 
 - TTFT: send -> first streamed chunk.
 - TPOT: (E2E - TTFT) / (output tokens - 1), only for requests with > 1 token.
-- ITL: gaps between consecutive chunks, pooled over all requests.
+- ITL: gaps between consecutive chunks, pooled over all requests. A chunk
+  may carry several tokens (speculative decoding emits 1 to k+1 per step):
+  `token_chunks`, `chunk_frame` and `token_gaps_ms` split each gap over the
+  tokens it carried, so per-token latency is comparable with TPOT.
 - E2E: send -> last token chunk.
 - Goodput: requests/s that met every SLO (TTFT, TPOT, E2E); a request with
   one output token counts TPOT as 0, as vLLM does.
@@ -93,6 +96,47 @@ def records_frame(records: Sequence):
                      "itl_ms_max": max(r.itl) * 1e3 if r.itl else math.nan,
                      "route": getattr(r, "route", "")})
     return pd.DataFrame(rows)
+
+
+def token_chunks(record) -> list[tuple[float, int]]:
+    """(arrival since send in s, tokens it carried) for every streamed chunk
+    that carried output tokens, from the cumulative counts in `chunk_tokens`.
+
+    The chat API's first chunk (the assistant role) and the last one (the
+    finish reason) carry no token and are left out."""
+    out, prev = [], 0
+    for t, n in zip(record.chunk_times, record.chunk_tokens):
+        if n is not None and n > prev:
+            out.append((float(t), int(n - prev)))
+            prev = n
+    return out
+
+
+def chunk_frame(records: Iterable, **columns: Any):
+    """One row per token-carrying chunk after a request's first: `gap_ms` since
+    the previous token chunk (vLLM bench's ITL), `tokens` it carried and
+    `per_token_ms` = gap / tokens (the chunk's share of TPOT); `columns` are
+    added to every row. A DataFrame (empty, with those columns, for none)."""
+    import pandas as pd
+    rows = []
+    for r in records:
+        if not r.ok:
+            continue
+        chunks = token_chunks(r)
+        for i in range(1, len(chunks)):
+            gap = (chunks[i][0] - chunks[i - 1][0]) * 1e3
+            rows.append({"label": r.label, "index": r.index, "chunk": i, "gap_ms": gap,
+                         "tokens": chunks[i][1], "per_token_ms": gap / chunks[i][1], **columns})
+    cols = ["label", "index", "chunk", "gap_ms", "tokens", "per_token_ms", *columns]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def token_gaps_ms(chunks) -> np.ndarray:
+    """Per-token latencies: each chunk's gap split evenly over the tokens it
+    carried, one value per token (so its median is comparable with TPOT)."""
+    if chunks.empty:
+        return np.array([])
+    return np.repeat(chunks["per_token_ms"].to_numpy(float), chunks["tokens"].to_numpy(int))
 
 
 def change_pct(baseline: float, treated: float) -> float:

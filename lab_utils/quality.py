@@ -10,10 +10,12 @@ Two signals, both from the server itself:
   agreement. Same token ids for every arm, so differences are the numerics.
 * **Greedy answers** to the shipped quality questions (temperature 0): the
   dataset's correctness rule (`workloads.answer_is_correct`) and agreement
-  between two arms' answers.
+  between two arms' answers; where two greedy texts first differ, and a short
+  diff of them (`first_difference`, `text_diff`).
 """
 from __future__ import annotations
 
+import difflib
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -177,6 +179,31 @@ def agreement(answers: pd.DataFrame, arm_name: str, reference: str,
             "accuracy": float(a.correct.mean()), "reference_accuracy": float(b.correct.mean())}
 
 
-__all__ = ["agreement", "answer_specs", "answers_frame", "compare_logprobs", "greedy_answers",
+def first_difference(a: str, b: str) -> int | None:
+    """Index of the first differing character, or None if the texts are equal."""
+    if a == b:
+        return None
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def text_diff(a: str, b: str, *, context: int = 40, a_name: str = "baseline",
+              b_name: str = "treated") -> str:
+    """A short readable diff: the common text just before the first difference,
+    then how each side continues (line-based unified diff of that window)."""
+    i = first_difference(a, b)
+    if i is None:
+        return ""
+    start = max(0, i - context)
+    wa, wb = a[start:i + 3 * context], b[start:i + 3 * context]
+    lines = difflib.unified_diff(wa.splitlines(), wb.splitlines(), a_name, b_name, lineterm="",
+                                 n=1)
+    return f"first difference at character {i}:\n" + "\n".join(lines)
+
+
+__all__ = ["agreement", "answer_specs", "answers_frame", "compare_logprobs", "first_difference",
+           "greedy_answers", "text_diff",
            "normalise_answer", "perplexity", "prompt_logprobs", "score_text", "text_windows",
            "token_logprobs"]

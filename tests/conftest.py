@@ -38,6 +38,18 @@ def gpu():
     return load_profile("gpu")
 
 
+@pytest.fixture
+def nothing_built(monkeypatch):
+    """Building the embedded model or a layer cut of it fails the test (a plan
+    must name its models without building them)."""
+    from lab_utils import derived_models, model
+
+    def refuse(*a, **k):
+        raise AssertionError("the plan built a model")
+    monkeypatch.setattr(derived_models, "truncated_model", refuse)
+    monkeypatch.setattr(model, "ensure_embedded_model", refuse)
+
+
 def pytest_collection_modifyitems(session, config, items):
     """Tests marked `findings` read what the notebooks recorded: run them after
     every notebook (nbval items), whatever order the paths were given in."""

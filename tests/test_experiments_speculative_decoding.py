@@ -1,6 +1,6 @@
-"""Pure logic of the speculative-decoding experiments: the arms' engine flags,
-chunk/token accounting, the per-position counters, the acceptance model and
-the greedy output-identity check (no server needed)."""
+"""Pure logic of the speculative-decoding experiments: the arms and the plan,
+the run table and its comparison with the baseline, the greedy
+output-identity check and the findings (no server needed)."""
 import json
 import math
 from types import SimpleNamespace
@@ -12,8 +12,9 @@ import pytest
 from lab_utils import derived_models
 from lab_utils.client import RequestRecord
 from lab_utils.experiments import speculative_decoding as sd
+from lab_utils.metrics import chunk_frame
+from lab_utils.speculation import expected_tokens_per_step, ngram_config
 from lab_utils.profiles import (
-    ConfigError,
     check_known_options,
     engine_argv,
     load_profile,
@@ -22,30 +23,6 @@ from lab_utils.profiles import (
 # --------------------------------------------------------------------------
 # Arms and flags
 # --------------------------------------------------------------------------
-
-def test_ngram_config_matches_the_issue():
-    assert sd.ngram_config(4) == {"method": "ngram", "num_speculative_tokens": 4,
-                                  "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-
-
-@pytest.mark.parametrize("k", [0, -1, 17, 2.0, True, "4"])
-def test_bad_k_is_refused(k):
-    with pytest.raises(ValueError, match="num_speculative_tokens"):
-        sd.ngram_config(k)
-    with pytest.raises(ValueError, match="num_speculative_tokens"):
-        sd.draft_model_config("/m", k)
-
-
-def test_bad_lookup_window_is_refused():
-    with pytest.raises(ValueError, match="prompt_lookup_min"):
-        sd.ngram_config(4, prompt_lookup_max=2, prompt_lookup_min=3)
-
-
-def test_draft_config_needs_a_model():
-    assert sd.draft_model_config("/d", 2) == {"model": "/d", "num_speculative_tokens": 2}
-    with pytest.raises(ValueError, match="path or hub id"):
-        sd.draft_model_config("", 2)
-
 
 def test_arms_differ_from_the_baseline_in_one_flag():
     assert sd.baseline_arm().flags == {}
@@ -57,18 +34,8 @@ def test_arms_differ_from_the_baseline_in_one_flag():
     assert sd.draft_arm("/d", 2, "6L").draft_path == "/d"
 
 
-def nothing_is_built(monkeypatch):
-    """Make building the embedded model or a layer cut fail the test."""
-    from lab_utils import model
-
-    def refuse(*a, **k):
-        raise AssertionError("the plan built a model")
-    monkeypatch.setattr(derived_models, "truncated_model", refuse)
-    monkeypatch.setattr(model, "ensure_embedded_model", refuse)
-
-
-def test_plan_on_cpu_names_the_truncated_draft_without_building_it(cpu, monkeypatch, tmp_path):
-    nothing_is_built(monkeypatch)
+def test_plan_on_cpu_names_the_truncated_draft_without_building_it(cpu, nothing_built,
+                                                                  monkeypatch, tmp_path):
     monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
     params = {"ngram_ks": [2, 4], "draft_models": ["truncated"], "draft_ks": [1, 2],
               "draft_layers": 5}
@@ -86,51 +53,12 @@ def test_plan_on_cpu_names_the_truncated_draft_without_building_it(cpu, monkeypa
                    ).names == ["baseline"]
 
 
-def test_ensure_draft_builds_only_what_the_lab_derives(monkeypatch, tmp_path):
-    from lab_utils import model
-    built = []
-    monkeypatch.setattr(derived_models, "truncated_model", lambda n: built.append(n))
-    monkeypatch.setattr(model, "ensure_embedded_model", lambda: built.append("embedded"))
-    sd.ensure_draft(sd.draft_arm(str(derived_models.truncated_model_dir(5)), 2, "5L"))
-    sd.ensure_draft(sd.draft_arm(str(model.embedded_model_dir()), 2, "self"))
-    sd.ensure_draft(sd.draft_arm(str(tmp_path / "other-3L"), 2, "other-3L"))
-    sd.ensure_draft(sd.draft_arm("Qwen/Qwen2.5-0.5B-Instruct", 2, "q"))
-    sd.ensure_draft(sd.ngram_arm(4))
-    assert built == [5, "embedded"]
-
-
-def test_draft_source(cpu, gpu, monkeypatch):
-    nothing_is_built(monkeypatch)
-    assert sd.draft_source(gpu, "auto") == ("Qwen/Qwen2.5-0.5B-Instruct",
-                                            "Qwen2.5-0.5B-Instruct")
-    assert sd.draft_source(gpu, "profile")[0] == "Qwen/Qwen2.5-0.5B-Instruct"
-    assert sd.draft_source(gpu, "self") == ("Qwen/Qwen2.5-7B-Instruct", "self")
-    if not cpu.models.get("draft"):  # until the profile names a draft role
-        assert sd.draft_source(cpu, "auto", 3) == (str(derived_models.truncated_model_dir(3)),
-                                                   "3L")
-    assert sd.draft_source(cpu, "truncated", 4) == (str(derived_models.truncated_model_dir(4)),
-                                                    "4L")
-    from lab_utils.model import embedded_model_dir
-    assert sd.draft_source(cpu, "self") == (str(embedded_model_dir()), "self")
-    assert sd.draft_source(cpu, "/some/where/mydraft") == ("/some/where/mydraft", "mydraft")
-    with pytest.raises(ConfigError, match="cuts the embedded model"):
-        sd.draft_source(gpu, "truncated")
-
-
-def test_draft_source_on_remote_needs_a_named_model():
-    remote = load_profile("remote", base_url="http://127.0.0.1:1")
-    with pytest.raises(ConfigError):
-        sd.draft_source(remote, "self")
-    with pytest.raises(ConfigError, match="names no draft"):
-        sd.draft_source(remote, "auto")
-
-
 def test_arm_flags_are_known_to_the_installed_vllm(cpu):
     check_known_options(sd.ngram_arm(4).flags)
     check_known_options(sd.draft_arm("/d", 2, "x").flags)
     argv = engine_argv(cpu, sd.ngram_arm(4).flags, port=8000, model="/m")
     i = argv.index("--speculative-config")
-    assert json.loads(argv[i + 1]) == sd.ngram_config(4)
+    assert json.loads(argv[i + 1]) == ngram_config(4)
 
 
 def test_explore_methods(cpu, gpu):
@@ -139,16 +67,6 @@ def test_explore_methods(cpu, gpu):
     assert "draft: truncated" not in sd.explore_methods(gpu)
     remote = load_profile("remote", base_url="http://127.0.0.1:1")
     assert sd.explore_methods(remote) == ["ngram", "none"]
-
-
-def test_describe_draft(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 6,
-                                                      "hidden_size": 8, "vocab_size": 10}))
-    (tmp_path / "lab_derived.json").write_text(json.dumps({"transform": "cut", "x": 1}))
-    info = sd.describe_draft(str(tmp_path))
-    assert info["layers"] == 6 and info["transform"] == "cut" and "x" not in info
-    assert sd.describe_draft("Qwen/Qwen2.5-0.5B-Instruct") == {
-        "draft": "Qwen/Qwen2.5-0.5B-Instruct", "local": False}
 
 
 def test_workload_specs_are_greedy():
@@ -163,100 +81,8 @@ def test_workload_specs_are_greedy():
 
 
 # --------------------------------------------------------------------------
-# Chunks and tokens
-# --------------------------------------------------------------------------
-
-def rec(times, tokens, index=0, label="a", ok=True):
-    return RequestRecord(index=index, tag="t", label=label, chunk_times=list(times),
-                         chunk_tokens=list(tokens), ok=ok)
-
-
-def test_token_chunks_skip_the_role_and_finish_chunks():
-    r = rec([0.10, 0.10, 0.20, 0.30, 0.30], [0, 1, 5, 6, 6])
-    assert sd.token_chunks(r) == [(0.10, 1), (0.20, 4), (0.30, 1)]
-
-
-def test_chunk_frame_gaps_and_per_token_share():
-    r = rec([0.1, 0.1, 0.2, 0.4], [0, 1, 5, 6])
-    f = sd.chunk_frame([r, rec([0.1], [1], ok=False)], arm="x")
-    assert list(f.tokens) == [4, 1]
-    assert f.gap_ms.round(6).tolist() == [100.0, 200.0]
-    assert f.per_token_ms.round(6).tolist() == [25.0, 200.0]
-    assert set(f.arm) == {"x"}
-    assert sd.token_gaps_ms(f).round(6).tolist() == [25.0] * 4 + [200.0]
-    assert sd.chunk_frame([]).empty and sd.token_gaps_ms(sd.chunk_frame([])).size == 0
-
-
-def test_per_token_gaps_average_to_tpot():
-    # TPOT = (E2E - TTFT) / (n - 1): the mean per-token gap over the chunks
-    # after the first token equals it when the first chunk carries one token.
-    r = rec([0.5, 0.6, 0.9, 1.0], [1, 4, 5, 9])
-    r.ttft, r.e2e, r.output_tokens = 0.5, 1.0, 9
-    gaps = sd.token_gaps_ms(sd.chunk_frame([r]))
-    assert gaps.mean() == pytest.approx(r.tpot * 1e3)
-
-
-EXPOSITION = """\
-# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.
-# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
-vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 9.0
-vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 7.0
-vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="1"} 1.0
-# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
-# TYPE vllm:spec_decode_num_drafts_total counter
-vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
-"""
-
-
-def test_per_position_counts_and_rates():
-    after = sd.per_position_counts(EXPOSITION)
-    assert after == {0: 9.0, 1: 8.0}
-    assert sd.per_position_counts("") == {}
-    assert sd.per_position_rates({0: 1.0, 1: 0.0}, after, 10) == [0.8, 0.8]
-    assert sd.per_position_rates({}, after, 0) == []
-    assert sd.per_position_rates({}, after, None) == []
-
-
-# --------------------------------------------------------------------------
-# The acceptance model
-# --------------------------------------------------------------------------
-
-@pytest.mark.parametrize("alpha, k, tokens", [(0.0, 4, 1.0), (1.0, 4, 5.0), (0.5, 1, 1.5),
-                                              (0.5, 2, 1.75)])
-def test_expected_tokens_per_step(alpha, k, tokens):
-    assert sd.expected_tokens_per_step(alpha, k) == pytest.approx(tokens)
-
-
-def test_expected_tokens_rejects_bad_alpha():
-    with pytest.raises(ValueError):
-        sd.expected_tokens_per_step(1.5, 2)
-
-
-@pytest.mark.parametrize("cost, k", [(1.3, 1), (1.7, 2), (2.5, 4), (4.9, 4)])
-def test_break_even_acceptance_pays_the_step_cost(cost, k):
-    alpha = sd.break_even_acceptance(cost, k)
-    assert 0 < alpha < 1
-    assert sd.expected_tokens_per_step(alpha, k) == pytest.approx(cost, rel=1e-6)
-
-
-def test_break_even_edges():
-    assert sd.break_even_acceptance(0.9, 2) == 0.0
-    assert math.isnan(sd.break_even_acceptance(3.5, 2))  # more than k+1 steps' worth
-
-
-# --------------------------------------------------------------------------
 # Output identity
 # --------------------------------------------------------------------------
-
-def test_first_difference_and_diff():
-    assert sd.first_difference("abc", "abc") is None
-    assert sd.first_difference("abc", "abd") == 2
-    assert sd.first_difference("ab", "abc") == 2
-    assert sd.text_diff("same", "same") == ""
-    d = sd.text_diff("x = 1\ny = 2\n", "x = 1\ny = 3\n", b_name="ngram")
-    assert d.startswith("first difference at character 10")
-    assert "-y = 2" in d and "+y = 3" in d and "+++ ngram" in d
-
 
 def requests_frame(rows):
     return pd.DataFrame([{"ok": True, **r} for r in rows])
@@ -290,6 +116,11 @@ def test_output_identity_without_baseline_is_empty():
 # Run rows and the comparison table
 # --------------------------------------------------------------------------
 
+def rec(times, tokens, index=0, label="a", ok=True):
+    return RequestRecord(index=index, tag="t", label=label, chunk_times=list(times),
+                         chunk_tokens=list(tokens), ok=ok)
+
+
 def fake_run(tpot_s, chunk_gap_s, chunk_tokens, n=3, counters=None):
     records = []
     for i in range(n):
@@ -315,7 +146,7 @@ def test_run_row_and_compare_to_baseline():
         "spec_decode_mean_accepted_length": 4.0})
     rows = []
     for arm, run in ((sd.baseline_arm(), base_run), (sd.ngram_arm(4), spec_run)):
-        chunks = sd.chunk_frame(run.records, arm=arm.name)
+        chunks = chunk_frame(run.records, arm=arm.name)
         rows.append(sd.run_row(run, arm, "code_edit", 1, chunks, [0.9, 0.8, 0.7, 0.6]))
     runs = pd.DataFrame(rows)
     assert runs.loc[1, "tokens_per_chunk"] == 4.0
@@ -391,7 +222,7 @@ def runs_table(high=8):
                                                           ("code_edit", high, code)):
             run = fake_run(tp, gap, per, counters=counters)
             pos = [0.9, 0.8, 0.7, 0.6] if counters is spec else []
-            rows.append(sd.run_row(run, arm, workload, conc, sd.chunk_frame(run.records), pos))
+            rows.append(sd.run_row(run, arm, workload, conc, chunk_frame(run.records), pos))
     return pd.DataFrame(rows)
 
 
@@ -400,7 +231,7 @@ def test_speculation_economics():
     assert "baseline" not in econ.index.get_level_values("arm")
     ng = econ.loc[("ngram k=4", "code_edit", 1)]
     assert ng.k == 4 and ng.step_cost_ratio == pytest.approx(1.2)
-    assert sd.expected_tokens_per_step(ng.break_even_acceptance, 4) == pytest.approx(1.2)
+    assert expected_tokens_per_step(ng.break_even_acceptance, 4) == pytest.approx(1.2)
     dr = econ.loc[("draft 6L k=2", "code_edit", 1)]
     assert dr.step_cost_ratio == pytest.approx(2.0) and dr.speedup == pytest.approx(0.5)
     assert 0.5 < dr.break_even_acceptance < 1  # 2 tokens/step from k=2 needs alpha ~0.62

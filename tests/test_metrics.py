@@ -8,9 +8,12 @@ from lab_utils.client import RequestRecord, Run
 from lab_utils.metrics import (
     SLO,
     change_pct,
+    chunk_frame,
     percentile_stats,
     records_frame,
     summarize,
+    token_chunks,
+    token_gaps_ms,
     tpot,
 )
 
@@ -238,3 +241,37 @@ def test_records_frame_missing_times_are_nan():
 
 def test_records_frame_empty():
     assert len(records_frame([])) == 0
+
+
+# --------------------------------------------------------------------------
+# Chunks carrying several tokens
+# --------------------------------------------------------------------------
+
+def rec(times, tokens, index=0, label="a", ok=True):
+    return RequestRecord(index=index, tag="t", label=label, chunk_times=list(times),
+                         chunk_tokens=list(tokens), ok=ok)
+
+
+def test_token_chunks_skip_the_role_and_finish_chunks():
+    r = rec([0.10, 0.10, 0.20, 0.30, 0.30], [0, 1, 5, 6, 6])
+    assert token_chunks(r) == [(0.10, 1), (0.20, 4), (0.30, 1)]
+
+
+def test_chunk_frame_gaps_and_per_token_share():
+    r = rec([0.1, 0.1, 0.2, 0.4], [0, 1, 5, 6])
+    f = chunk_frame([r, rec([0.1], [1], ok=False)], arm="x")
+    assert list(f.tokens) == [4, 1]
+    assert f.gap_ms.round(6).tolist() == [100.0, 200.0]
+    assert f.per_token_ms.round(6).tolist() == [25.0, 200.0]
+    assert set(f.arm) == {"x"}
+    assert token_gaps_ms(f).round(6).tolist() == [25.0] * 4 + [200.0]
+    assert chunk_frame([]).empty and token_gaps_ms(chunk_frame([])).size == 0
+
+
+def test_per_token_gaps_average_to_tpot():
+    # TPOT = (E2E - TTFT) / (n - 1): the mean per-token gap over the chunks
+    # after the first token equals it when the first chunk carries one token.
+    r = rec([0.5, 0.6, 0.9, 1.0], [1, 4, 5, 9])
+    r.ttft, r.e2e, r.output_tokens = 0.5, 1.0, 9
+    gaps = token_gaps_ms(chunk_frame([r]))
+    assert gaps.mean() == pytest.approx(r.tpot * 1e3)

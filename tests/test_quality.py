@@ -87,3 +87,13 @@ def test_answer_specs_are_the_first_questions_greedy():
     assert all(s.temperature == 0.0 and s.max_tokens == 7 for s in specs)
     with pytest.raises(ValueError, match="at most"):
         quality.answer_specs(10_000)
+
+
+def test_first_difference_and_diff():
+    assert quality.first_difference("abc", "abc") is None
+    assert quality.first_difference("abc", "abd") == 2
+    assert quality.first_difference("ab", "abc") == 2
+    assert quality.text_diff("same", "same") == ""
+    d = quality.text_diff("x = 1\ny = 2\n", "x = 1\ny = 3\n", b_name="ngram")
+    assert d.startswith("first difference at character 10")
+    assert "-y = 2" in d and "+y = 3" in d and "+++ ngram" in d

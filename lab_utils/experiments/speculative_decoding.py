@@ -27,30 +27,32 @@ are read around every run.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import itertools
 import math
 import os
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from .. import arms
-from ..client import Load, RequestRecord, RequestSpec
+from ..client import Load, RequestSpec
 from ..counters import scrape_text
+from ..figures.speculative_decoding import plot_acceptance, plot_chunk_vs_token, plot_tpot
 from ..host import host_load
+from ..metrics import chunk_frame, token_chunks, token_gaps_ms
 from ..profiles import ConfigError, Profile
+from ..quality import first_difference, text_diff
 from ..results import Results, measure
+from ..speculation import (SPEC_KNOB, break_even_acceptance, describe_draft, draft_model_config,
+                           draft_source, ensure_draft, ngram_config, per_position_counts,
+                           per_position_rates)
 from ..workloads import chat_specs, code_edit_specs
 
 #: The n-gram window of the article-style prompt-lookup arm (vLLM's default is 5..5).
 NGRAM_LOOKUP = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
 WORKLOADS = ("code_edit", "chat")
-PER_POS_FAMILY = "vllm:spec_decode_num_accepted_tokens_per_pos"
 #: Columns of the run table the notebook shows first.
 RUN_COLUMNS = ["requests", "output_tokens", "tpot_ms_median", "tpot_ms_p90", "tpot_ms_p99",
                "itl_chunk_ms_median", "itl_token_ms_median", "tokens_per_chunk",
@@ -59,36 +61,8 @@ RUN_COLUMNS = ["requests", "output_tokens", "tpot_ms_median", "tpot_ms_p90", "tp
 
 
 # --------------------------------------------------------------------------
-# Arms and their engine flags (pure)
+# Arms: each adds one --speculative-config (lab_utils.speculation) to the baseline
 # --------------------------------------------------------------------------
-
-#: The one flag every treated arm adds to the baseline's engine.
-SPEC_KNOB = "speculative_config"
-
-
-def ngram_config(k: int, prompt_lookup_max: int = 4, prompt_lookup_min: int = 2) -> dict:
-    """vLLM `speculative_config` for n-gram prompt lookup with `k` proposed tokens."""
-    _check_k(k)
-    if not 1 <= prompt_lookup_min <= prompt_lookup_max:
-        raise ValueError(f"need 1 <= prompt_lookup_min ({prompt_lookup_min}) <= "
-                         f"prompt_lookup_max ({prompt_lookup_max})")
-    return {"method": "ngram", "num_speculative_tokens": int(k),
-            "prompt_lookup_max": int(prompt_lookup_max),
-            "prompt_lookup_min": int(prompt_lookup_min)}
-
-
-def draft_model_config(model: str, k: int) -> dict:
-    """vLLM `speculative_config` for a draft model (a local folder or a hub id)."""
-    _check_k(k)
-    if not model:
-        raise ValueError("a draft-model arm needs the draft model's path or hub id")
-    return {"model": str(model), "num_speculative_tokens": int(k)}
-
-
-def _check_k(k: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= 16:
-        raise ValueError(f"num_speculative_tokens must be an int in 1..16, got {k!r}")
-
 
 @dataclasses.dataclass(frozen=True)
 class SpecArm(arms.Arm):
@@ -117,73 +91,6 @@ def draft_arm(path: str, k: int, draft: str) -> SpecArm:
                    method="draft", k=int(k), draft=draft, draft_path=str(path))
 
 
-def _model_path(profile: Profile, role: str | None) -> str:
-    """Where the profile's model for `role` is (None: the served model), without
-    building it: the embedded model and its layer cuts are folders the lab
-    builds on first use (`ensure_draft` builds them before the engine starts)."""
-    ref = profile.model if role is None else profile.models.get(role)
-    if ref == "embedded":
-        from ..model import embedded_model_dir
-        return str(embedded_model_dir())
-    cut = re.fullmatch(r"embedded-(\d+)L", ref or "")
-    if cut:
-        from ..derived_models import truncated_model_dir
-        return str(truncated_model_dir(int(cut.group(1))))
-    return profile.model_for(role)  # a hub id or a path: nothing to build
-
-
-def draft_source(profile: Profile, draft: str, draft_layers: int = 6) -> tuple[str, str]:
-    """(path or hub id, short name) of the draft model `draft` names; builds
-    nothing, so a plan can name the folder before it exists.
-
-    - "auto": the profile's `draft` role if it has one, else (embedded model) "truncated".
-    - "truncated": the first `draft_layers` layers of the embedded model, built
-      once by `lab_utils.derived_models.truncated_model` (`ensure_draft`).
-    - "self": the served model itself (acceptance upper bound, no speed-up possible).
-    - "profile": the profile's `draft` role (e.g. Qwen2.5-0.5B-Instruct on `gpu`).
-    - anything else: used as the path or hub id itself.
-    """
-    if draft == "auto":
-        if profile.models.get("draft"):
-            draft = "profile"
-        elif profile.model == "embedded":
-            draft = "truncated"
-        else:
-            raise ConfigError(f"profile {profile.name!r} names no draft model: add `draft = "
-                              "\"HUB_ID_OR_PATH\"` under [models] or pass draft='self'")
-    if draft == "profile":
-        path = _model_path(profile, "draft")
-        return path, Path(path).name if Path(path).exists() else path.split("/")[-1]
-    if draft == "self":
-        if profile.is_remote:
-            raise ConfigError("draft='self' needs the model path the server loads; the remote "
-                              "profile does not know it")
-        return _model_path(profile, None), "self"
-    if draft == "truncated":
-        if profile.model != "embedded":
-            raise ConfigError(f"draft='truncated' cuts the embedded model; profile "
-                              f"{profile.name!r} serves {profile.model!r}: use 'profile' or a path")
-        from ..derived_models import truncated_model_dir
-        return str(truncated_model_dir(int(draft_layers))), f"{int(draft_layers)}L"
-    return draft, Path(draft).name or draft
-
-
-def ensure_draft(arm: arms.Arm) -> None:
-    """Build the draft folder a draft arm names if the lab derives it (the
-    embedded model, or its first N layers) and it is not built yet: vLLM reads
-    the draft when its engine starts. Other arms and drafts: nothing to do."""
-    path = getattr(arm, "draft_path", "")
-    if not path:
-        return
-    from .. import derived_models, model
-    if Path(path) == model.embedded_model_dir():
-        model.ensure_embedded_model()
-        return
-    cut = re.search(r"-(\d+)L$", path)
-    if cut and Path(path) == derived_models.truncated_model_dir(int(cut.group(1))):
-        derived_models.truncated_model(int(cut.group(1)))
-
-
 def plan(profile: Profile, params: Mapping[str, Any]) -> arms.Plan:
     """The notebook's engines: the baseline, one n-gram arm per k in
     `ngram_ks`, one draft arm per (draft in `draft_models`, k in `draft_ks`).
@@ -209,30 +116,6 @@ def draft_table(plan: arms.Plan) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("arm") if rows else pd.DataFrame()
 
 
-def describe_draft(path: str) -> dict[str, Any]:
-    """What a local draft folder is: its layer count and, for a model built by
-    `lab_utils.derived_models`, the marker that says how it was derived."""
-    import json
-    folder = Path(path)
-    if not folder.is_dir():
-        return {"draft": path, "local": False}
-    info: dict[str, Any] = {"draft": str(folder), "local": True}
-    try:
-        config = json.loads((folder / "config.json").read_text())
-        info.update(layers=config.get("num_hidden_layers"), hidden=config.get("hidden_size"),
-                    vocab=config.get("vocab_size"))
-    except (OSError, ValueError):
-        pass
-    marker = folder / "lab_derived.json"
-    if marker.is_file():
-        info.update({k: v for k, v in json.loads(marker.read_text()).items()
-                     if k in ("transform", "source_layers", "note")})
-    weights = folder / "model.safetensors"
-    if weights.is_file():
-        info["weights_mb"] = round(weights.stat().st_size / 1e6, 1)
-    return info
-
-
 def explore_methods(profile: Profile) -> list[str]:
     """The Explore widget's method choices this profile can start."""
     out = ["ngram", "none"]
@@ -246,128 +129,8 @@ def explore_methods(profile: Profile) -> list[str]:
 
 
 # --------------------------------------------------------------------------
-# Chunks and tokens (pure)
-# --------------------------------------------------------------------------
-
-def token_chunks(record: RequestRecord) -> list[tuple[float, int]]:
-    """(arrival since send in s, tokens it carried) for every streamed chunk
-    that carried output tokens, from the cumulative counts in `chunk_tokens`.
-
-    The chat API's first chunk (the assistant role) and the last one (the
-    finish reason) carry no token and are left out."""
-    out, prev = [], 0
-    for t, n in zip(record.chunk_times, record.chunk_tokens):
-        if n is not None and n > prev:
-            out.append((float(t), int(n - prev)))
-            prev = n
-    return out
-
-
-def chunk_frame(records: Iterable[RequestRecord], **columns: Any) -> pd.DataFrame:
-    """One row per token-carrying chunk after a request's first: `gap_ms` since
-    the previous token chunk (vLLM bench's ITL), `tokens` it carried and
-    `per_token_ms` = gap / tokens (the chunk's share of TPOT)."""
-    rows = []
-    for r in records:
-        if not r.ok:
-            continue
-        chunks = token_chunks(r)
-        for i in range(1, len(chunks)):
-            gap = (chunks[i][0] - chunks[i - 1][0]) * 1e3
-            rows.append({"label": r.label, "index": r.index, "chunk": i, "gap_ms": gap,
-                         "tokens": chunks[i][1], "per_token_ms": gap / chunks[i][1], **columns})
-    cols = ["label", "index", "chunk", "gap_ms", "tokens", "per_token_ms", *columns]
-    return pd.DataFrame(rows, columns=cols)
-
-
-def token_gaps_ms(chunks: pd.DataFrame) -> np.ndarray:
-    """Per-token latencies: each chunk's gap split evenly over the tokens it
-    carried, one value per token (so its median is comparable with TPOT)."""
-    if chunks.empty:
-        return np.array([])
-    return np.repeat(chunks["per_token_ms"].to_numpy(float), chunks["tokens"].to_numpy(int))
-
-
-def per_position_counts(metrics_text: str) -> dict[int, float]:
-    """`vllm:spec_decode_num_accepted_tokens_per_pos_total` by draft position
-    (summed over engines) from /metrics exposition text."""
-    from prometheus_client.parser import text_string_to_metric_families
-    out: dict[int, float] = {}
-    for fam in text_string_to_metric_families(metrics_text):
-        if fam.name != PER_POS_FAMILY:
-            continue
-        for s in fam.samples:
-            if s.name.endswith("_total") and "position" in s.labels:
-                pos = int(s.labels["position"])
-                out[pos] = out.get(pos, 0.0) + s.value
-    return out
-
-
-def per_position_rates(before: Mapping[int, float], after: Mapping[int, float],
-                       drafts: float | None) -> list[float]:
-    """Acceptance rate at each draft position: accepted at position i / drafts
-    (vLLM's per-position vector). Empty without drafts."""
-    if not drafts:
-        return []
-    return [(after[p] - before.get(p, 0.0)) / drafts for p in sorted(after)]
-
-
-def expected_tokens_per_step(alpha: float, k: int) -> float:
-    """Tokens one speculative step emits on average if every drafted token is
-    accepted independently with probability `alpha` (Leviathan et al., 2023):
-    (1 - alpha^(k+1)) / (1 - alpha); k+1 when alpha = 1."""
-    if not 0 <= alpha <= 1:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
-    if alpha == 1:
-        return float(k + 1)
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
-def break_even_acceptance(step_cost_ratio: float, k: int) -> float:
-    """The per-token acceptance `alpha` at which a speculative step that costs
-    `step_cost_ratio` plain decode steps emits as many tokens as it costs
-    (speculation neither helps nor hurts). nan if even alpha=1 cannot pay it."""
-    if step_cost_ratio <= 1:
-        return 0.0
-    if step_cost_ratio > k + 1:
-        return math.nan
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if expected_tokens_per_step(mid, k) < step_cost_ratio:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-# --------------------------------------------------------------------------
 # Output identity (pure)
 # --------------------------------------------------------------------------
-
-def first_difference(a: str, b: str) -> int | None:
-    """Index of the first differing character, or None if the texts are equal."""
-    if a == b:
-        return None
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
-
-
-def text_diff(a: str, b: str, *, context: int = 40, a_name: str = "baseline",
-              b_name: str = "treated") -> str:
-    """A short readable diff: the common text just before the first difference,
-    then how each side continues (line-based unified diff of that window)."""
-    i = first_difference(a, b)
-    if i is None:
-        return ""
-    start = max(0, i - context)
-    wa, wb = a[start:i + 3 * context], b[start:i + 3 * context]
-    lines = difflib.unified_diff(wa.splitlines(), wb.splitlines(), a_name, b_name, lineterm="",
-                                 n=1)
-    return f"first difference at character {i}:\n" + "\n".join(lines)
-
 
 def output_identity(requests: pd.DataFrame, baseline: str = "baseline") -> pd.DataFrame:
     """Per treated arm, workload, concurrency and prompt: whether its greedy
@@ -744,135 +507,11 @@ def explore_arm(ctx, method: str, k: int, workload: str, concurrency: int, *,
     return new.set_index(["source", "arm"])[["workload", "concurrency", *RUN_COLUMNS]]
 
 
-# --------------------------------------------------------------------------
-# Figures
-# --------------------------------------------------------------------------
-
-def _pyplot():
-    """matplotlib's pyplot and seaborn, with the lab's theme (`lab_utils.plots`) applied."""
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
-    from .. import plots  # noqa: F401  (importing it sets the seaborn theme)
-    return plt, sns
-
-
-def plot_tpot(requests: pd.DataFrame, title: str = "TPOT per request, by workload and load"):
-    """Box + points of per-request TPOT (log scale), one panel per (workload, concurrency)."""
-    plt, sns = _pyplot()
-    data = requests[requests.ok.astype(bool)].dropna(subset=["tpot_ms"])
-    if data.empty:
-        print("no requests to draw")
-        return None
-    panels = list(data[["workload", "concurrency"]].drop_duplicates().itertuples(index=False))
-    names = list(dict.fromkeys(data.arm))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False,
-                             sharey=True)
-    for ax, (w, c) in zip(axes[0], panels):
-        d = data[(data.workload == w) & (data.concurrency == c)]
-        sns.boxplot(data=d, x="arm", y="tpot_ms", hue="arm", order=names, hue_order=names, ax=ax,
-                    showfliers=False, legend=False)
-        sns.stripplot(data=d, x="arm", y="tpot_ms", order=names, color="black", size=4,
-                      alpha=0.6, ax=ax)
-        ax.set_title(f"{w}, concurrency {c}")
-        ax.set_xlabel("arm")
-        ax.set_ylabel("TPOT (ms per output token, log scale)")
-        ax.set_yscale("log")
-        ax.tick_params(axis="x", rotation=25)
-    from matplotlib.patches import Patch
-    palette = sns.color_palette(n_colors=len(names))
-    fig.legend(handles=[Patch(color=palette[i], label=a) for i, a in enumerate(names)],
-               loc="upper right", fontsize="small", title="arm")
-    fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0, 0.88, 1))
-    return fig
-
-
-def plot_chunk_vs_token(chunks: pd.DataFrame, workload: str = "code_edit", concurrency: int = 1,
-                        title: str | None = None):
-    """ECDFs of the gap between streamed chunks (ITL, per chunk) and of the
-    per-token latency (gap / tokens in the chunk), per arm."""
-    plt, sns = _pyplot()
-    d = chunks[(chunks.workload == workload) & (chunks.concurrency == concurrency)]
-    if d.empty:
-        print(f"no chunks for {workload} at concurrency {concurrency}")
-        return None
-    tokens = pd.DataFrame({"arm": np.repeat(d.arm.to_numpy(), d.tokens.to_numpy(int)),
-                           "ms": token_gaps_ms(d)})
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
-    sns.ecdfplot(data=d, x="gap_ms", hue="arm", ax=axes[0])
-    axes[0].set_title("ITL: gap between streamed chunks")
-    sns.ecdfplot(data=tokens, x="ms", hue="arm", ax=axes[1])
-    axes[1].set_title("per token: chunk gap / tokens in the chunk")
-    for ax in axes:
-        ax.set_xlabel("milliseconds (log scale)")
-        ax.set_ylabel("fraction of chunks" if ax is axes[0] else "fraction of tokens")
-        ax.set_xscale("log")
-    fig.suptitle(title or f"One chunk, several tokens ({workload}, concurrency {concurrency})")
-    fig.tight_layout()
-    return fig
-
-
-def plot_acceptance(runs: pd.DataFrame, title: str = "Acceptance by draft position"):
-    """Per speculative arm and run: the fraction of drafts whose i-th proposed
-    token was accepted (vLLM's per-position counters)."""
-    plt, sns = _pyplot()
-    rows = [{"run": f"{r.arm}\n{r.workload}, c={r.concurrency}", "position": i + 1, "rate": v}
-            for _, r in runs.iterrows() for i, v in enumerate(r.per_position_acceptance or [])]
-    if not rows:
-        print("no speculative runs with drafts to draw")
-        return None
-    fig, ax = plt.subplots(figsize=(10, 4))
-    sns.barplot(data=pd.DataFrame(rows), x="position", y="rate", hue="run", ax=ax)
-    ax.set_xlabel("position in the draft (1 = first proposed token)")
-    ax.set_ylabel("accepted / drafts")
-    ax.set_ylim(0, 1.05)
-    ax.legend(fontsize="x-small", title="arm and run", loc="upper left",
-              bbox_to_anchor=(1.01, 1))
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-__all__ = [
-    "NGRAM_LOOKUP",
-    "RUN_COLUMNS",
-    "WORKLOADS",
-    "SPEC_KNOB",
-    "SpecArm",
-    "baseline_arm",
-    "break_even_acceptance",
-    "chunk_frame",
-    "combine",
-    "compare_to_baseline",
-    "describe_draft",
-    "draft_arm",
-    "draft_source",
-    "draft_table",
-    "draft_model_config",
-    "expected_tokens_per_step",
-    "ensure_draft",
-    "explore_arm",
-    "explore_engine",
-    "explore_methods",
-    "first_difference",
-    "identity_summary",
-    "measure_arm",
-    "measure_workload",
-    "ngram_arm",
-    "ngram_config",
-    "output_identity",
-    "per_position_counts",
-    "per_position_rates",
-    "pick",
-    "plan",
-    "plot_acceptance",
-    "plot_chunk_vs_token",
-    "plot_tpot",
-    "run_arms",
-    "run_row",
-    "text_diff",
-    "token_chunks",
-    "token_gaps_ms",
-    "workload_specs",
+__all__ = [  # defined here, then the shared names the notebook reads from here
+    "NGRAM_LOOKUP", "WORKLOADS", "RUN_COLUMNS", "CHECKLIST_ROW", "SpecArm", "baseline_arm",
+    "ngram_arm", "draft_arm", "plan", "draft_table", "explore_methods", "output_identity",
+    "identity_summary", "run_row", "compare_to_baseline", "speculation_economics",
+    "tpot_samples", "findings", "pick", "workload_specs", "measure_workload", "load_warning",
+    "measure_arm", "combine", "run_arms", "explore_engine", "explore_arm",
+    "plot_acceptance", "plot_chunk_vs_token", "plot_tpot",
 ]
