@@ -7,6 +7,7 @@ histogram (to compare with the client's view).
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -166,6 +167,25 @@ def prefix_caching_of(engine) -> bool | None:
         flag = getattr(engine, "flags", {}).get("enable_prefix_caching")
         return None if flag is None else bool(flag)
     return str(value).lower() == "true"
+
+
+def kv_capacity_of(engine) -> dict[str, Any]:
+    """The engine's KV cache as vLLM reports it (`cache_config_info` labels in
+    `engine.info["cache_config"]`): its dtype, byte budget, blocks, block
+    size, tokens and maximum concurrency (NaN for what it does not report)."""
+    cc = (getattr(engine, "info", None) or {}).get("cache_config", {}) or {}
+
+    def num(key: str) -> float:
+        try:
+            return float(cc[key])
+        except (KeyError, TypeError, ValueError):
+            return math.nan
+
+    return {"cache_dtype": cc.get("cache_dtype", "?"),
+            "kv_cache_memory_bytes": num("kv_cache_memory_bytes"),
+            "num_blocks": num("num_gpu_blocks"), "block_size": num("block_size"),
+            "kv_cache_size_tokens": num("kv_cache_size_tokens"),
+            "kv_cache_max_concurrency": num("kv_cache_max_concurrency")}
 
 
 def delta(before: Snapshot, after: Snapshot) -> dict[str, float | None]:

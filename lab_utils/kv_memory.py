@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,3 +123,25 @@ def decode_step_traffic(weight_bytes: float, kv_bytes_per_token: float, context_
     total = float(weight_bytes) + kv
     return {"weights_mb": weight_bytes / 1e6, "kv_mb": kv / 1e6, "total_mb": total / 1e6,
             "kv_share_pct": kv / total * 100 if total else math.nan}
+
+
+def predicted_capacity(geometry: KVGeometry, budget_bytes: int, block_size: int,
+                       max_model_len: int, kv_dtypes: Sequence[str],
+                       model_dtype: str = "float32"):
+    """Per KV dtype, what a byte budget holds (a DataFrame indexed by dtype):
+    bytes per token, tokens in whole blocks, and the maximum concurrency vLLM
+    would report at `max_model_len` (tokens / max_model_len)."""
+    import pandas as pd
+    rows = {}
+    for dtype in kv_dtypes:
+        per_token = geometry.bytes_per_token(kv_element_bytes(dtype, model_dtype))
+        tokens = expected_capacity_tokens(budget_bytes, per_token, block_size)
+        rows[dtype] = {"bytes_per_token": per_token, "kv_cache_size_tokens": tokens,
+                       "max_concurrency": tokens / max_model_len}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def default_block_size(device: str) -> int:
+    """vLLM's default KV block size on a device: 128 tokens on the CPU backend
+    (`platforms/cpu.py`), 16 on GPUs."""
+    return 128 if device == "cpu" else 16

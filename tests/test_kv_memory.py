@@ -103,3 +103,22 @@ def test_decode_step_traffic():
     t = kv.decode_step_traffic(500e6, 1000, 100, batch=5)
     assert t["kv_mb"] == pytest.approx(0.5) and t["total_mb"] == pytest.approx(500.5)
     assert t["kv_share_pct"] == pytest.approx(0.5 / 500.5 * 100)
+
+
+def test_predicted_capacity_table():
+    t = kv.predicted_capacity(SMOLLM2, 2 * kv.GIB, 128, 4096, ["auto", "fp8"])
+    assert t.kv_cache_size_tokens.tolist() == [46_592, 186_368]
+    assert t.max_concurrency.tolist() == [11.375, 45.5]          # what vLLM reported
+    assert t.bytes_per_token.tolist() == [46_080, 11_520]
+
+
+def test_default_block_size_per_device():
+    assert kv.default_block_size("cpu") == 128 and kv.default_block_size("cuda") == 16
+    # The installed vLLM says so: the CPU platform sets 128 when the user gives
+    # none; the default elsewhere is CacheConfig.DEFAULT_BLOCK_SIZE.
+    from lab_utils.vllm_code import vllm_source
+    cpu = vllm_source("platforms/cpu.py", "elif not cache_config.user_specified_block_size", 2)
+    if cpu.startswith("(vLLM is not installed"):
+        pytest.skip(cpu)
+    assert "cache_config.block_size = 128" in cpu
+    assert "= 16" in vllm_source("config/cache.py", "DEFAULT_BLOCK_SIZE: ClassVar[int]", 1)

@@ -97,3 +97,21 @@ def test_first_difference_and_diff():
     d = quality.text_diff("x = 1\ny = 2\n", "x = 1\ny = 3\n", b_name="ngram")
     assert d.startswith("first difference at character 10")
     assert "-y = 2" in d and "+y = 3" in d and "+++ ngram" in d
+
+
+def test_answer_table_and_summary_per_question():
+    rows = [("auto", "k01", "Paris. ", True), ("auto", "k08", "Four", True),
+            ("fp8", "k01", "Paris.", True), ("fp8", "k08", "five", False)]
+    answers = pd.DataFrame([{"arm": a, "id": i, "question": f"q {i}", "answer": text, "ok": True,
+                             "correct": ok} for a, i, text, ok in rows])
+    t = quality.answer_table(answers)                          # baseline: the first arm
+    assert list(t.index) == ["k01", "k08"]
+    assert t.correct_auto.tolist() == [True, True] and t.correct_fp8.tolist() == [True, False]
+    assert t.same_as_auto_fp8.tolist() == [True, False]        # whitespace does not count
+    s = quality.answer_summary(t, ["auto", "fp8", "fp8_e5m2"])  # an arm that did not run
+    assert s.loc["auto"].tolist() == [2, 2, 2] and s.loc["fp8"].tolist() == [2, 1, 1]
+    assert "fp8_e5m2" not in s.index
+    other = quality.answer_table(answers, baseline="fp8")
+    assert other.same_as_fp8_auto.tolist() == [True, False] and "same_as_auto_fp8" not in other
+    assert quality.answer_summary(other, ["auto", "fp8"], "fp8").loc["fp8"].tolist() == [2, 1, 2]
+    assert quality.answer_table(pd.DataFrame()).empty

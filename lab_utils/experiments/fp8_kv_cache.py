@@ -37,29 +37,15 @@ import pandas as pd
 
 from .. import arms
 from ..client import Load
-from ..counters import GaugeSampler
+from ..counters import GaugeSampler, kv_capacity_of
 from ..host import EngineCPU, host_load
-from ..kv_memory import (  # noqa: F401  (the notebook reads them from here)
-    ELEMENT_BYTES,
-    GIB,
-    KVGeometry,
-    blocks_needed,
-    decode_step_traffic,
-    expected_capacity_tokens,
-    gib_to_bytes,
-    kv_element_bytes,
-    kv_geometry,
-    requests_that_fit,
-    safetensors_parameters,
-)
+from ..figures.fp8_kv_cache import plot_capacity, plot_latencies, plot_logprobs, plot_pressure
+from ..kv_memory import (ELEMENT_BYTES, GIB, decode_step_traffic, default_block_size,
+                         expected_capacity_tokens, gib_to_bytes, kv_element_bytes, kv_geometry,
+                         predicted_capacity, requests_that_fit, safetensors_parameters)
 from ..profiles import ConfigError, Profile
-from ..quality import (
-    compare_logprobs,
-    greedy_answers,
-    prompt_logprobs,
-    text_windows,
-    token_logprobs,
-)
+from ..quality import (answer_summary, answer_table, compare_logprobs, greedy_answers,
+                       prompt_logprobs, text_windows, token_logprobs)
 from ..results import Results, measure
 from ..server import EnginePool
 from ..vllm_code import vllm_source
@@ -72,6 +58,8 @@ CPU_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 BASELINE = "auto"
 #: The environment variable that overrides `--kv-cache-memory-bytes` on vLLM's CPU build.
 CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
 def arm_flags(kv_cache_dtype: str, budget_bytes: int | None,
               max_model_len: int | None = None) -> dict[str, Any]:
     """The engine flags of one arm: the KV dtype (the knob), plus the byte
@@ -88,38 +76,6 @@ def budget_profile(profile: Profile) -> Profile:
     """`profile` without VLLM_CPU_KVCACHE_SPACE, so `--kv-cache-memory-bytes` counts."""
     env = {k: v for k, v in profile.env.items() if k != CPU_KV_ENV}
     return dataclasses.replace(profile, env=env)
-
-
-def answer_table(answers: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
-    """One row per question from `lab_utils.quality.answers_frame` rows of
-    every arm (an `arm` column): each arm's greedy answer, whether it is
-    correct, and whether it is the baseline arm's answer word for word
-    (surrounding whitespace aside)."""
-    if answers.empty:
-        return pd.DataFrame()
-    table = answers.drop_duplicates("id").set_index("id")[["question"]]
-    texts = {arm: frame.set_index("id").answer.fillna("").str.strip()
-             for arm, frame in answers.groupby("arm", sort=False)}
-    for arm, frame in answers.groupby("arm", sort=False):
-        table[f"answer_{arm}"] = texts[arm]
-        table[f"correct_{arm}"] = frame.set_index("id").correct
-        if arm != baseline and baseline in texts:
-            table[f"same_as_{baseline}_{arm}"] = texts[arm] == texts[baseline]
-    return table
-
-
-def answer_summary(table: pd.DataFrame, names: Sequence[str], baseline: str = BASELINE
-                   ) -> pd.DataFrame:
-    """Per arm: questions, correct answers, and answers identical to the baseline's."""
-    rows = {}
-    for arm in names:
-        if f"answer_{arm}" not in table:
-            continue
-        same = table.get(f"same_as_{baseline}_{arm}")
-        rows[arm] = {"questions": len(table), "correct": int(table[f"correct_{arm}"].sum()),
-                     "identical_to_baseline": len(table) if arm == baseline
-                     else int(same.sum()) if same is not None else None}
-    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def pressure_row(arm: str, run, gauges: pd.DataFrame, *, capacity_tokens: float,
@@ -176,19 +132,7 @@ def use_kv_budget(ctx, kv_cache_gib: float) -> int:
 def capacity_row(engine, arm: str, budget_bytes: int | None = None) -> dict[str, Any]:
     """KV capacity as the engine reports it (vLLM's `cache_config_info` labels and
     its start-up log line), next to what bytes-per-token arithmetic predicts."""
-    cc = engine.info.get("cache_config", {}) or {}
-
-    def num(key: str) -> float:
-        try:
-            return float(cc[key])
-        except (KeyError, TypeError, ValueError):
-            return math.nan
-
-    row: dict[str, Any] = {"arm": arm, "cache_dtype": cc.get("cache_dtype", "?"),
-                           "kv_cache_memory_bytes": num("kv_cache_memory_bytes"),
-                           "num_blocks": num("num_gpu_blocks"), "block_size": num("block_size"),
-                           "kv_cache_size_tokens": num("kv_cache_size_tokens"),
-                           "kv_cache_max_concurrency": num("kv_cache_max_concurrency")}
+    row: dict[str, Any] = {"arm": arm, **kv_capacity_of(engine)}
     if engine.server is not None:
         row.update(parse_kv_log(engine.server.log_path.read_text(errors="replace")))
     geometry = kv_geometry(engine.model_path)
@@ -391,25 +335,6 @@ def quality_table(result: ArmsResult, baseline: str = BASELINE) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
-def predicted_capacity(geometry: KVGeometry, budget_bytes: int, block_size: int,
-                       max_model_len: int, kv_dtypes: Sequence[str],
-                       model_dtype: str = "float32") -> pd.DataFrame:
-    """The same arithmetic for another budget (e.g. the profile's 2 GiB): tokens
-    and the maximum concurrency vLLM would report at `max_model_len`."""
-    rows = {}
-    for arm in kv_dtypes:
-        per_token = geometry.bytes_per_token(kv_element_bytes(arm, model_dtype))
-        tokens = expected_capacity_tokens(budget_bytes, per_token, block_size)
-        rows[arm] = {"bytes_per_token": per_token, "kv_cache_size_tokens": tokens,
-                     "max_concurrency": tokens / max_model_len}
-    return pd.DataFrame.from_dict(rows, orient="index")
-
-
-def default_block_size(profile: Profile) -> int:
-    """vLLM's default KV block size: 128 tokens on the CPU backend (platforms/cpu.py), 16 on GPUs."""
-    return 128 if profile.device == "cpu" else 16
-
-
 def predicted_table(profile: Profile, budget_bytes: int, max_model_len: int,
                     kv_dtypes: Sequence[str], *, pressure_shape: tuple[int, int] | None = None
                     ) -> pd.DataFrame:
@@ -420,7 +345,7 @@ def predicted_table(profile: Profile, budget_bytes: int, max_model_len: int,
     geometry = None if profile.is_remote else kv_geometry(profile.model_for())
     if geometry is None or model_dtype.lower() not in ELEMENT_BYTES:
         return pd.DataFrame()
-    block = default_block_size(profile)
+    block = default_block_size(profile.device)
     cases = {f"{budget_bytes / 2**20:g} MiB, max_model_len {max_model_len}":
              (budget_bytes, max_model_len)}
     if profile.env.get(CPU_KV_ENV):
@@ -476,7 +401,7 @@ def headline(result: ArmsResult, baseline: str = BASELINE) -> dict[str, Any]:
     others = [a for a in result.arms if a != baseline]
     treated = others[0] if others else "fp8"
     keys = [baseline, treated]
-    answers = answer_summary(answer_table(result.answers), keys)
+    answers = answer_summary(answer_table(result.answers, baseline), keys, baseline)
     return {"baseline": baseline, "treated": treated,
             "capacity": capacity_table(result).reindex(keys),
             "single": single_table(result.single).reindex(index=keys, columns=SINGLE_COLUMNS),
@@ -592,146 +517,13 @@ def explore_pressure(ctx, kv_cache_dtype: str, concurrency: int, *, requests: in
     return pd.DataFrame([row]).set_index("arm")[PRESSURE_COLUMNS].round(1)
 
 
-# --------------------------------------------------------------------------
-# Figures
-# --------------------------------------------------------------------------
-
-
-def plot_latencies(frame: pd.DataFrame, title: str):
-    """TTFT and TPOT per request by arm (`lab.plots.latency_distributions`), or
-    nothing when no arm ran."""
-    if frame.empty:
-        print("no requests to draw")
-        return None
-    from ..plots import latency_distributions
-    return latency_distributions(frame, metrics=("ttft_ms", "tpot_ms"), hue="arm", title=title)
-
-
-def plot_capacity(capacity: pd.DataFrame, budget_bytes: int,
-                  title: str = "KV-cache capacity in the same byte budget"):
-    """Tokens the engine reports per arm (bars), with the bytes-per-token prediction."""
-    import matplotlib.pyplot as plt
-    if capacity.empty:
-        print("no arms to draw")
-        return None
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    x = np.arange(len(capacity))
-    ax.bar(x, capacity.kv_cache_size_tokens, color="tab:blue", label="reported by vLLM")
-    if "predicted_tokens" in capacity:
-        ax.scatter(x, capacity.predicted_tokens, marker="_", s=900, color="tab:orange",
-                   zorder=3, label="predicted: budget / bytes per token")
-    for xi, v in zip(x, capacity.kv_cache_size_tokens):
-        ax.annotate(f"{v:,.0f}", (xi, v), ha="center", va="bottom", fontsize="small")
-    ax.set_xticks(x, [f"{a}\n(engine reports {d})" for a, d in
-                      zip(capacity.index, capacity.cache_dtype)])
-    ax.set_xlabel("--kv-cache-dtype")
-    ax.set_ylabel("KV-cache capacity (tokens)")
-    ax.set_ylim(0, capacity.kv_cache_size_tokens.max() * 1.2)
-    ax.legend(loc="upper left", fontsize="small")
-    fig.suptitle(f"{title} ({budget_bytes / 2**20:.0f} MiB)")
-    fig.tight_layout()
-    return fig
-
-
-def plot_pressure(gauges: pd.DataFrame, title: str = "Requests running and waiting "
-                  "under memory pressure"):
-    """vLLM's running/waiting gauges and KV usage against time, one column per arm."""
-    import matplotlib.pyplot as plt
-    if gauges.empty:
-        print("no gauge samples to draw")
-        return None
-    names = list(dict.fromkeys(gauges.arm))
-    fig, axes = plt.subplots(2, len(names), figsize=(5.5 * len(names), 5.5), squeeze=False,
-                             sharex=True, sharey="row")
-    for col, arm in enumerate(names):
-        g = gauges[gauges.arm == arm]
-        top, bottom = axes[0][col], axes[1][col]
-        top.step(g.t_s, g.requests_running, where="post", label="running")
-        top.step(g.t_s, g.requests_waiting, where="post", label="waiting")
-        top.set_title(f"kv_cache_dtype={arm}")
-        top.set_ylabel("requests")
-        top.legend(fontsize="small")
-        bottom.plot(g.t_s, g.kv_cache_usage * 100, color="tab:red", label="KV-cache usage")
-        bottom.set_ylim(0, 105)
-        bottom.set_xlabel("time since the run started (s)")
-        bottom.set_ylabel("KV-cache usage (%)")
-        bottom.legend(fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-def plot_logprobs(result: ArmsResult, baseline: str = BASELINE,
-                  title: str = "Prompt log-probabilities: fp8 KV cache against auto"):
-    """Per token: the log-prob under each fp8 arm against the baseline's (left), and
-    the absolute difference along the text (right)."""
-    import matplotlib.pyplot as plt
-    others = [a for a in result.logprobs if a != baseline]
-    if baseline not in result.logprobs or not others:
-        print("needs the baseline arm and one more")
-        return None
-    base = result.logprobs[baseline]["logprobs"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
-    for arm in others:
-        lp = result.logprobs[arm]["logprobs"]
-        left.scatter(base, lp, s=6, alpha=0.5, label=arm)
-        right.plot(np.arange(1, len(lp) + 1), np.abs(lp - base), lw=0.8, alpha=0.8, label=arm)
-    lo = float(min(base.min(), *(result.logprobs[a]["logprobs"].min() for a in others)))
-    left.plot([lo, 0], [lo, 0], color="grey", ls=":", label="no change")
-    left.set_xlabel(f"log-prob with kv_cache_dtype={baseline}")
-    left.set_ylabel("log-prob with the fp8 cache")
-    left.legend(fontsize="small")
-    right.set_xlabel("token position in the text")
-    right.set_ylabel("|log-prob difference| (nats)")
-    right.legend(fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-__all__ = [
-    "BASELINE",
-    "CLAIM",
-    "CAPACITY_COLUMNS",
-    "CPU_KV_CACHE_DTYPES",
-    "CPU_KV_ENV",
-    "PRESSURE_COLUMNS",
-    "ArmsResult",
-    "GaugeSampler",
-    "KVGeometry",
-    "answer_summary",
-    "answer_table",
-    "arm_flags",
-    "blocks_needed",
-    "budget_profile",
-    "capacity_row",
-    "arm_notes",
-    "capacity_table",
-    "decode_step_traffic",
-    "default_block_size",
-    "expected_capacity_tokens",
+__all__ = [  # defined here, then the shared names the notebook reads from here
+    "CPU_KV_CACHE_DTYPES", "BASELINE", "CPU_KV_ENV", "CAPACITY_COLUMNS", "PRESSURE_COLUMNS",
+    "SINGLE_COLUMNS", "QUALITY_COLUMNS", "CLAIM", "arm_flags", "budget_profile", "pressure_row",
+    "use_kv_budget", "capacity_row", "single_request_latency", "pressure_run", "ArmsResult",
+    "runnable_here", "plan", "run_arms", "capacity_table", "single_table", "quality_table",
+    "predicted_table", "traffic_table", "pressure_table", "headline", "findings", "arm_notes",
     "explore_pressure",
-    "gib_to_bytes",
-    "findings",
-    "headline",
-    "kv_element_bytes",
-    "kv_geometry",
-    "parse_kv_log",
-    "plan",
-    "plot_capacity",
-    "plot_logprobs",
-    "plot_pressure",
-    "predicted_capacity",
-    "predicted_table",
-    "pressure_row",
-    "pressure_run",
-    "quality_table",
-    "requests_that_fit",
-    "run_arms",
-    "safetensors_parameters",
-    "single_request_latency",
-    "single_table",
-    "traffic_table",
-    "use_kv_budget",
-    "vllm_source",
+    "answer_summary", "answer_table", "gib_to_bytes", "plot_capacity", "plot_latencies",
+    "plot_logprobs", "plot_pressure", "vllm_source",
 ]
