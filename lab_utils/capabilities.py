@@ -296,13 +296,36 @@ def probe(profile: Profile | str = "cpu", names: Sequence[str] | None = None, *,
     return Capabilities({n: results[n] for n in results}, "cpu", summary_line(machine_info()))
 
 
-def why_not(profile: Profile, name: str | None) -> str:
+def why_not(profile: Profile, name: str | None, caps: Capabilities | None = None) -> str:
     """"" if candidate `name` may run on `profile` (always, off the cpu profile,
-    or when there is no candidate), else the probe's reason; probes it once on
-    this machine if it is not cached yet. What notebooks call to skip an arm."""
+    or when there is no candidate), else the probe's reason: from `caps` when
+    it probed `name`, else probed once on this machine if it is not cached
+    yet. What notebooks call to skip an arm."""
     if name is None or profile.is_remote or profile.device != "cpu":
         return ""
+    if caps is not None and caps.probed(name):
+        return caps.reason(name)
     return probe(profile, [name]).reason(name)
+
+
+def support_table(arms: Mapping[str, tuple[str, str | None]],
+                  caps: Capabilities | None = None):
+    """What this machine's vLLM build did with each arm's candidate, for
+    `arms` {arm: (title, candidate or None)}: the probe's cached results
+    (`caps`, or this machine's cache), "not probed here" for the rest; a
+    DataFrame whose `attrs["machine"]` names the machine."""
+    import pandas as pd
+
+    from .machine import machine_info, summary_line
+    if caps is None:
+        caps = Capabilities(load_cache(cache_path()))
+    rows = [{"arm": name, "title": title, "candidate": cand or "",
+             "on this machine": caps.describe(cand) if cand else
+             "(no probe candidate: the lab's flag checks decide)"}
+            for name, (title, cand) in arms.items()]
+    frame = pd.DataFrame(rows).set_index("arm")
+    frame.attrs["machine"] = summary_line(machine_info())
+    return frame
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,9 @@ time an engine's processes use during a block.
 A local server is one process group (`VLLMServer` starts it in a new session
 and stops it with killpg): its leader `engine.server.proc.pid` runs the API
 server, its descendants the engine core and the worker(s) that do the
-model's arithmetic (vLLM names them `...Worker...`).
+model's arithmetic (vLLM names them `...Worker...`). `compute_cost` turns
+the worker's CPU seconds of two runs into CPU time per prefill and per
+decode step.
 """
 from __future__ import annotations
 
@@ -126,3 +128,16 @@ class EngineCPU:
     def share(self) -> float:
         cores = os.cpu_count() or 1
         return self.cpu_s / (self.wall_s * cores) if self.wall_s > 0 else math.nan
+
+
+def compute_cost(prefill_cpu_s: float | None, total_cpu_s: float | None, requests: int,
+                 output_tokens: int) -> dict[str, float]:
+    """Worker CPU ms per prefill and per decode step, from a prefill-only run
+    (`requests` prompts, one token each) and a full run of the same number of
+    same-length prompts producing `output_tokens` tokens each."""
+    if prefill_cpu_s is None or total_cpu_s is None or requests < 1:
+        return {"prefill_cpu_ms": math.nan, "decode_cpu_ms": math.nan}
+    per_prefill = prefill_cpu_s / requests
+    steps = requests * max(output_tokens - 1, 1)
+    return {"prefill_cpu_ms": per_prefill * 1e3,
+            "decode_cpu_ms": max(total_cpu_s - prefill_cpu_s, 0.0) / steps * 1e3}

@@ -1,6 +1,6 @@
-"""Pure logic of the 05 notebook: the arm catalogue, perplexity from prompt
-logprobs, answer agreement, the vLLM log parser, the comparisons, and the
-quantized-checkpoint builder's packing and files (no server needed)."""
+"""Pure logic of the 05 notebook: the arm catalogue, the claim verdicts, the
+comparisons and findings, and the quantized-checkpoint builder's packing and
+files (no server needed)."""
 import json
 import math
 
@@ -11,8 +11,6 @@ import torch
 from lab_utils import quantize as qz
 from lab_utils.experiments import quantization as q
 from lab_utils.profiles import ConfigError, load_profile
-from lab_utils.workloads import Tokenizer
-from lab_utils.vllm_logs import root_cause
 
 # ---------------------------------------------------------------- arms
 
@@ -81,43 +79,10 @@ def test_claim_verdicts():
     assert q.claim_verdict(None, 0.0, step_speedup=1.0) == "no claim"
 
 
-def test_compute_cost():
-    c = q.compute_cost(0.8, 3.0, 4, 32)
-    assert c["prefill_cpu_ms"] == pytest.approx(200)
-    assert c["decode_cpu_ms"] == pytest.approx(2200 / (4 * 31))
-    assert math.isnan(q.compute_cost(None, 3.0, 4, 32)["decode_cpu_ms"])
-
-
 # ---------------------------------------------------------------- quality
 
 
 # ---------------------------------------------------------------- logs, tables
-
-LOG = """$ vllm serve OLD
-(Worker pid=1) INFO [weight_utils.py:1108] Filesystem type for checkpoints: EXT4. Checkpoint size: 0.50 GiB. Available RAM: 1 GiB.
-$ VLLM_CPU_KVCACHE_SPACE=2 vllm serve /m/w8a8 --port 2
-(EngineCore pid=2) INFO 11-30 14:27:10 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: model='/m/w8a8', dtype=torch.float32, max_seq_len=4096, quantization=compressed-tensors, quantization_config=None, enforce_eager=True
-[W1130 14:27:26 utils.cpp:68] Warning: NUMA binding: Using MEMBIND policy for memory allocation
-\x1b[0;36m(Worker pid=3)\x1b[0;0m INFO 11-30 14:27:26 [__init__.py:846] Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8
-(Worker pid=3) INFO 11-30 14:27:26 [__init__.py:923] Using CPUWNA16LinearKernel for mixed-precision linear
-(Worker pid=3) INFO 11-30 14:27:26 [weight_utils.py:1108] Filesystem type for checkpoints: EXT4. Checkpoint size: 0.21 GiB. Available RAM: 19.35 GiB.
-(Worker pid=3) INFO 11-30 14:27:27 [default_loader.py:501] Loading weights took 0.23 seconds
-(EngineCore pid=2) INFO 11-30 14:27:29 [kv_cache_utils.py:2327] CPU KV cache size: 46,592 tokens, Maximum concurrency for 4,096 tokens per request: 11.38x
-"""
-
-
-def test_parse_server_log_reads_the_latest_start():
-    info = q.parse_server_log(LOG)
-    assert info["checkpoint_gib"] == pytest.approx(0.21)
-    assert info["loading_weights_s"] == pytest.approx(0.23)
-    assert info["kv_cache_tokens"] == 46592
-    assert info["quantization"] == "compressed-tensors" and info["dtype"] == "float32"
-    assert info["kernels"] == ["CPUInt8ScaledMMLinearKernel (CompressedTensorsW8A8Int8)",
-                               "CPUWNA16LinearKernel (mixed-precision)"]
-    assert "model_loading_gib" not in info
-    gpu = q.parse_server_log("Model loading took 5.32 GiB memory and 3.1 seconds\nquantization=None")
-    assert gpu["model_loading_gib"] == pytest.approx(5.32) and gpu["quantization"] == "None"
-
 
 def _frames():
     lat = pd.DataFrame([{"arm": a, "ok": True, "ttft_ms": t, "tpot_ms": p}
@@ -195,14 +160,6 @@ def test_findings_with_latency_samples(tmp_path):
     assert ttft["change_ci95"][0] <= ttft["change_pct"] <= ttft["change_ci95"][1]
     # the other metrics have no per-request samples
     assert "change_ci95" not in by_metric["perplexity of the fixed text"]
-
-
-def test_checkpoint_bytes(tmp_path):
-    (tmp_path / "model.safetensors").write_bytes(b"x" * 10)
-    (tmp_path / "config.json").write_text("{}")
-    assert q.checkpoint_bytes(tmp_path) == 10
-    assert q.checkpoint_bytes(tmp_path / "missing") is None
-    assert q.checkpoint_bytes("Qwen/Qwen2.5-7B-Instruct-AWQ") is None
 
 
 # ---------------------------------------------------------------- the builder
@@ -331,21 +288,6 @@ def test_build_is_reproducible_and_marked(tmp_path, monkeypatch):
     assert not qz.is_ready("w8a8")
     with pytest.raises(qz.QuantizeError, match="unknown recipe"):
         qz.recipe("int3")
-
-
-def test_root_cause_skips_the_generic_wrapper():
-    log = ("(APIServer pid=1) WARNING 11-30 [system_utils.py:255] Found ulimit of 20000 ... "
-           "This can cause fd limit errors like `OSError: [Errno 24] Too many open files`.\n"
-           "(EngineCore pid=1) ERROR [core.py:1] RuntimeError: Engine core initialization "
-           "failed. See root "
-           "cause above. Failed core proc(s): {}\n"
-           "(Worker pid=2) ERROR 11-30 [multiproc_executor.py:953] ValueError: Marlin does not "
-           "support weight_bits = uint8b128.\n"
-           "(Worker pid=2) ERROR NotImplementedError: later\n")
-    assert root_cause(log) == "ValueError: Marlin does not support weight_bits = uint8b128."
-    assert root_cause("all fine\n") == ""
-    assert root_cause('    raise NotImplementedError("x")\nNotImplementedError: "cpu_gemm_wna16" '
-                        "not implemented for 'Float'\n").startswith("NotImplementedError: ")
 
 
 def test_quality_breakdown_on_a_tiny_llama(tmp_path):

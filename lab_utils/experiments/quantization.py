@@ -24,7 +24,6 @@ import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,26 +32,15 @@ import pandas as pd
 from .. import arms
 from ..arms import ROLE
 from ..client import Load, RequestSpec
-from ..host import EngineCPU, group_rss
+from ..figures.quantization import plot_latency, plot_speed_vs_quality
+from ..host import EngineCPU, compute_cost
+from ..metrics import change_pct
 from ..profiles import ConfigError, Profile
-from ..quality import (
-    agreement,
-    answer_specs,
-    answers_frame,
-    perplexity,
-    score_text,
-    text_windows,
-)
-from ..results import Results, measure
+from ..quality import agreement, answer_specs, answers_frame, perplexity, score_text, text_windows
+from ..results import measure
 from ..server import ServerError
-from ..vllm_logs import parse_server_log
-from ..workloads import (
-    Tokenizer,
-    local_tokenizer,
-    synthetic_specs,
-    tokenizer_for,
-    warm_up,
-)
+from ..weight_memory import weight_memory
+from ..workloads import Tokenizer, local_tokenizer, synthetic_specs, tokenizer_for, warm_up
 
 # --------------------------------------------------------------------------
 # The arms
@@ -171,30 +159,17 @@ def default_arms(profile: Profile, caps=None) -> list[str]:
 def runnable_here(profile: Profile, name: str, caps=None) -> str:
     """"" if arm `name` runs on this machine (or nothing says otherwise), else the
     probe's reason (`caps`, or this machine's probe, run if needed)."""
-    cand = probe_name(profile, name)
-    if caps is not None and cand is not None and caps.probed(cand):
-        return caps.reason(cand) if profile.device == "cpu" and not profile.is_remote else ""
     from .. import capabilities
-    return capabilities.why_not(profile, cand)
+    return capabilities.why_not(profile, probe_name(profile, name), caps)
 
 
 def support_table(profile: Profile, names: Sequence[str] | None = None, caps=None) -> pd.DataFrame:
-    """What this machine's vLLM build did with each arm's candidate (the probe's
-    cached results; "not probed here" for the rest), titled with the machine."""
+    """What this machine's vLLM build did with each arm's candidate
+    (`lab_utils.capabilities.support_table`), titled with the machine."""
     from .. import capabilities
-    from ..machine import machine_info, summary_line
-    names = list(names) if names is not None else list(ARMS)
-    if caps is None:
-        caps = capabilities.Capabilities(capabilities.load_cache(capabilities.cache_path()))
-    rows = []
-    for n in names:
-        cand = probe_name(profile, n)
-        rows.append({"arm": n, "title": arm(n).title, "candidate": cand or "",
-                     "on this machine": caps.describe(cand) if cand else
-                     "(no probe candidate: the lab's flag checks decide)"})
-    frame = pd.DataFrame(rows).set_index("arm")
-    frame.attrs["machine"] = summary_line(machine_info())
-    return frame
+    return capabilities.support_table({n: (arm(n).title, probe_name(profile, n))
+                                       for n in (names if names is not None else ARMS)}, caps)
+
 
 #: On the `cpu` profile, the `lab_utils.quantize` recipe that builds each
 #: role's checkpoint of the embedded model (profiles name them "quantized:<recipe>").
@@ -369,21 +344,6 @@ def engine_for(ctx, a: Arm, *, progress: bool = True, planned: bool = True):
 # Pure helpers (unit-tested without a server)
 # --------------------------------------------------------------------------
 
-def checkpoint_bytes(model_dir: str | Path) -> int | None:
-    """Bytes of the weight files of a local model folder (None for hub ids)."""
-    path = Path(model_dir)
-    if not path.is_dir():
-        return None
-    files = list(path.glob("*.safetensors")) or list(path.glob("*.bin"))
-    return sum(f.stat().st_size for f in files) or None
-
-
-def change_pct(before: float, after: float) -> float:
-    if before is None or after is None or not before or not np.isfinite(before):
-        return math.nan
-    return (after - before) / before * 100.0
-
-
 def compare(summary: pd.DataFrame) -> pd.DataFrame:
     """Each measured arm against its one-knob reference: TTFT/TPOT medians and
     speed-ups, checkpoint size, RSS, perplexity change, accuracy and agreement.
@@ -450,39 +410,6 @@ def claim_verdict(claim: str | None, ppl_change_pct: float, *, compute_speedup: 
 # --------------------------------------------------------------------------
 # Talking to the server
 # --------------------------------------------------------------------------
-
-def compute_cost(prefill_cpu_s: float | None, total_cpu_s: float | None, requests: int,
-                 output_tokens: int) -> dict[str, float]:
-    """Worker CPU ms per prefill and per decode step, from a prefill-only run
-    (`requests` prompts, one token each) and a full run of the same number of
-    same-length prompts producing `output_tokens` tokens each."""
-    if prefill_cpu_s is None or total_cpu_s is None or requests < 1:
-        return {"prefill_cpu_ms": math.nan, "decode_cpu_ms": math.nan}
-    per_prefill = prefill_cpu_s / requests
-    steps = requests * max(output_tokens - 1, 1)
-    return {"prefill_cpu_ms": per_prefill * 1e3,
-            "decode_cpu_ms": max(total_cpu_s - prefill_cpu_s, 0.0) / steps * 1e3}
-
-
-def weight_memory(engine) -> dict[str, Any]:
-    """Weight memory of a running arm: checkpoint bytes on disk, what vLLM's
-    log says (checkpoint size, "Model loading took" on GPU runners, kernels),
-    and the resident memory of its processes (local servers only)."""
-    out: dict[str, Any] = {"model": engine.model_path or engine.model}
-    size = checkpoint_bytes(engine.model_path) if engine.model_path else None
-    out["checkpoint_mib"] = size / 2**20 if size else None
-    if engine.server is not None:
-        try:
-            out.update(parse_server_log(Path(engine.server.log_path).read_text(errors="replace")))
-        except OSError:
-            pass
-        if engine.server.proc is not None:
-            out.update(group_rss(engine.server.proc.pid))
-    cache = engine.info.get("cache_config", {}) if engine.info else {}
-    if "kv_cache_tokens" not in out and cache.get("num_gpu_blocks") and cache.get("block_size"):
-        out["kv_cache_tokens"] = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
-    return out
-
 
 def latency_specs(tok: Tokenizer, n: int, prompt_tokens: int, output_tokens: int,
                   seed: int = 500) -> list[RequestSpec]:
@@ -738,71 +665,12 @@ def findings(comparison: pd.DataFrame, memory: pd.DataFrame,
     return out
 
 
-def plot_latency(latency: pd.DataFrame, title: str = "TTFT and TPOT per arm"):
-    """Box + strip plots of TTFT and TPOT per arm (lab.plots)."""
-    from .. import plots
-    return plots.latency_distributions(latency.assign(label=latency.arm), title=title)
-
-
-def plot_speed_vs_quality(summary: pd.DataFrame,
-                          title: str = "Decode speed against quality, per arm"):
-    """Decode cost per token (x: worker CPU ms per decode step when measured,
-    else the TPOT median) against perplexity (y), one labelled point per arm."""
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-    data = summary.reset_index().rename(columns={"index": "arm"})
-    use_cpu = "decode_cpu_ms" in data and data.decode_cpu_ms.notna().all()
-    x = "decode_cpu_ms" if use_cpu else "tpot_ms_median"
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    sns.scatterplot(data=data, x=x, y="perplexity", hue="arm", s=90, ax=ax)
-    for _, r in data.iterrows():
-        ax.annotate(r["arm"], (r[x], r.perplexity), textcoords="offset points",
-                    xytext=(6, 4), fontsize="small")
-    ax.set_xlabel("worker CPU ms per decode step, lower is faster" if use_cpu
-                  else "TPOT median (ms per output token), lower is faster")
-    ax.set_ylabel("perplexity of the fixed text, lower is better")
-    ax.margins(x=0.15, y=0.1)
-    ax.legend(title="arm", fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-__all__ = [
-    "ARMS",
-    "CLAIMS",
-    "CPU_ROLE_RECIPES",
-    "DEFAULT_ARMS",
-    "Arm",
-    "Workload",
-    "agreement",
-    "arm",
-    "choose_cpu_arms",
-    "probe_name",
-    "runnable_here",
-    "support_table",
-    "checkpoint_bytes",
-    "claim_verdict",
-    "compare",
-    "compute_cost",
-    "default_arms",
-    "engine_for",
-    "explore_arm",
-    "latency_specs",
-    "measure_arm",
-    "parse_server_log",
-    "perplexity",
-    "plan",
-    "arm_table",
-    "plot_latency",
-    "plot_speed_vs_quality",
-    "prepare_checkpoints",
-    "findings",
-    "role_model",
-    "run_arms",
-    "score_text",
-    "summarize",
-    "weight_memory",
-    "with_references",
-    "workload_tokenizer",
+__all__ = [  # defined here, then the shared names the notebook reads from here
+    "ARMS", "DEFAULT_ARMS", "PROBE_OF", "CPU_CHOICE_PROBES", "CPU_ROLE_RECIPES", "CLAIMS",
+    "CLAIM_SPEEDUP", "CLAIM_LOSS_PCT", "Arm", "probe_name", "choose_cpu_arms", "default_arms",
+    "runnable_here", "support_table", "arm", "with_references", "role_model", "arm_table",
+    "plan", "prepare_checkpoints", "workload_tokenizer", "engine_for", "compare",
+    "claim_verdict", "latency_specs", "Workload", "measure_arm", "run_arms", "summarize",
+    "explore_arm", "findings",
+    "plot_latency", "plot_speed_vs_quality",
 ]
