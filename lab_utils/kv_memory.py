@@ -144,4 +144,4 @@ def predicted_capacity(geometry: KVGeometry, budget_bytes: int, block_size: int,
 def default_block_size(device: str) -> int:
     """vLLM's default KV block size on a device: 128 tokens on the CPU backend
     (`platforms/cpu.py`), 16 on GPUs."""
-    return 128 if device == "cpu" else 16
+    return DEFAULT_BLOCK_SIZE.get(device, DEFAULT_BLOCK_SIZE["cuda"])

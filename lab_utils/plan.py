@@ -47,7 +47,7 @@ from typing import Any
 
 from .arms import ROLE, Arm, Plan, knobs_between
 from .facts import Device, ModelFacts, device, devices, model_facts
-from .kv_memory import DEFAULT_BLOCK_SIZE, GIB, expected_capacity_tokens, kv_element_bytes
+from .kv_memory import GIB, default_block_size, expected_capacity_tokens, kv_element_bytes
 from .paths import NOTEBOOKS_DIR, notebooks
 from .profiles import (
     ConfigError,
@@ -179,7 +179,7 @@ class Engine:
 
     @property
     def block_size(self) -> int:
-        return int(self.items.get("block_size") or DEFAULT_BLOCK_SIZE.get(self.device_kind, 16))
+        return int(self.items.get("block_size") or default_block_size(self.device_kind))
 
     @property
     def share(self) -> float | None:

@@ -16,7 +16,7 @@ import pytest
 from lab_utils import capabilities, facts
 from lab_utils import plan as checker
 from lab_utils.arms import ROLE, Arm, Plan
-from lab_utils.kv_memory import GIB, safetensors_parameters
+from lab_utils.kv_memory import GIB, default_block_size, safetensors_parameters
 from lab_utils.model import embedded_model_dir
 from lab_utils.profiles import PROFILES_DIR, load_profile
 from test_capabilities import AVX512
@@ -205,7 +205,7 @@ def test_quantization_table_matches_vllms_overrides(vllm_rules):
 
 def test_defaults_match_installed_vllm(vllm_rules):
     assert vllm_rules["utilization"] == checker.VLLM_DEFAULT_UTILIZATION
-    assert vllm_rules["block"] == checker.DEFAULT_BLOCK_SIZE["cuda"]
+    assert vllm_rules["block"] == default_block_size("cuda")
     assert vllm_rules["heterogeneous"]
 
 
