@@ -3,16 +3,17 @@ profile, open an engine pool and a results file; and the Explore widgets."""
 from __future__ import annotations
 
 import ast
+import difflib
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .arms import Arm, Plan
 from .errors import ServerError
 from .machine import summary_line
-from .paths import NOTEBOOKS_DIR, REPO_ROOT
+from .paths import NOTEBOOKS_DIR, REPO_ROOT, notebooks
 from .profiles import ConfigError, Profile, load_profile
 from .results import Results
 from .server import ArmUnavailable, EnginePool
@@ -58,6 +59,176 @@ def check_parameters(defaults: Mapping[str, Any], values: Mapping[str, Any]) -> 
                             f"`-p {name} {json.dumps(default)}`")
     if problems:
         raise ConfigError("bad notebook parameters:\n- " + "\n- ".join(problems))
+
+
+# --------------------------------------------------------------------------
+# A profile's parameter defaults ([parameters."<notebook>"] tables)
+# --------------------------------------------------------------------------
+
+#: Where a run goes and what it targets: set by the caller (runall, papermill,
+#: the notebook's own cell), never by a profile's parameter table.
+RUN_PARAMETERS = ("profile", "base_url", "results_dir")
+#: The first line of the cell papermill injects (`translate_parameters`'
+#: comment "Parameters" in papermill/translators.py).
+PAPERMILL_COMMENT = "# Parameters"
+
+
+def _assigned_names(source: str) -> set[str]:
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return set()
+    return {node.targets[0].id for node in body
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+
+
+def parameter_table_problems(tables: Mapping[str, Any],
+                             folder: Path = NOTEBOOKS_DIR) -> list[str]:
+    """What is wrong with a profile's `[parameters."<notebook>"]` tables, one
+    message per problem naming its fix: a table for no notebook of `folder`,
+    a name the notebook's parameters cell does not assign (or one of
+    `RUN_PARAMETERS`), a value of another type than the notebook's default."""
+    found = {p.stem: p for p in notebooks(folder=folder)}
+    problems = []
+    for nb, table in tables.items():
+        if nb not in found:
+            close = difflib.get_close_matches(nb, found, n=1)
+            hint = f"did you mean \"{close[0]}\"? " if close else ""
+            problems.append(f"[parameters.\"{nb}\"] names no notebook: {hint}use a notebook's "
+                            f"name without .ipynb, one of {sorted(found)}")
+            continue
+        defaults = parameter_defaults(found[nb])
+        for name, value in table.items():
+            where = f"[parameters.\"{nb}\"] {name}"
+            if name in RUN_PARAMETERS:
+                problems.append(f"{where}: {name} is the run's to set (runall, papermill -p or "
+                                "the notebook's cell), not a profile's: remove it")
+            elif name not in defaults:
+                close = difflib.get_close_matches(name, [d for d in defaults
+                                                         if d not in RUN_PARAMETERS], n=1)
+                hint = f"did you mean {close[0]}? " if close else ""
+                problems.append(f"{where} is not a parameter of {nb}: {hint}its parameters "
+                                f"cell assigns {sorted(set(defaults) - set(RUN_PARAMETERS))}")
+            elif not _same_kind(defaults[name], value):
+                problems.append(f"{where} = {value!r} ({type(value).__name__}) must be a "
+                                f"{type(defaults[name]).__name__} like the notebook's default "
+                                f"{json.dumps(defaults[name])}")
+    return problems
+
+
+def check_profile_parameters(profile: Profile, folder: Path = NOTEBOOKS_DIR) -> None:
+    """ConfigError listing every problem of the profile's parameter tables
+    (`parameter_table_problems`), each with its fix."""
+    problems = parameter_table_problems(profile.parameters, folder) if profile.parameters else []
+    if problems:
+        raise ConfigError(f"profile {profile.name!r}: bad [parameters] tables:\n- "
+                          + "\n- ".join(problems))
+
+
+def injected_names(namespace: Mapping[str, Any]) -> set[str]:
+    """The names papermill assigned in a notebook's kernel: the cells of
+    IPython's input history (`In`, one of the notebook's globals) that start
+    with papermill's "# Parameters" line. Empty outside IPython."""
+    names: set[str] = set()
+    history = namespace.get("In")
+    for source in history if isinstance(history, Iterable) else ():
+        if isinstance(source, str) and source.lstrip().startswith(PAPERMILL_COMMENT + "\n"):
+            names |= _assigned_names(source)
+    return names
+
+
+@dataclass
+class ProfileParameters:
+    """How a profile's table met a notebook's values: `table` (the profile's
+    values), `taken` (the names `apply_profile_parameters` set), `explicit`
+    (the names papermill passed), `kept` (the values that win over the
+    table's: passed explicitly or changed in the notebook)."""
+    profile: str
+    notebook: str
+    table: dict[str, Any] = field(default_factory=dict)
+    taken: dict[str, Any] = field(default_factory=dict)
+    explicit: set[str] = field(default_factory=set)
+    kept: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if not self.table:
+            return ""
+        used = {k: v for k, v in self.table.items() if k not in self.kept}
+        text = (f"profile {self.profile!r} parameters ([parameters.\"{self.notebook}\"]): "
+                + (", ".join(f"{k}={v!r}" for k, v in used.items()) or "none used"))
+        if self.kept:
+            text += ("; kept over the profile's: "
+                     + ", ".join(f"{k}={v!r} ({'passed' if k in self.explicit else 'set here'})"
+                                 for k, v in self.kept.items()))
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"profile": self.profile, "table": self.table,
+                "taken": sorted(self.taken), "kept": self.kept}
+
+
+def apply_profile_parameters(name: str, profile: Profile, defaults: Mapping[str, Any],
+                             params: dict[str, Any],
+                             namespace: dict[str, Any] | None = None) -> ProfileParameters:
+    """Give a notebook's parameters the profile's defaults for it
+    (`[parameters."<name>"]` in the profile's TOML), in `params` and in the
+    notebook's globals `namespace`. Returns what happened, for the setup
+    output and the results.
+
+    A profile's table replaces the *notebook's* defaults, never a value
+    someone chose. setup sees only the notebook's globals, so it tells the two
+    apart this way:
+
+    1. A name papermill injected is explicit and kept, whatever its value,
+       even when it equals the notebook's default (`papermill -p
+       long_prompt_tokens 1536` on the gpu profile means 1536). papermill puts
+       its values in a cell of their own that starts with "# Parameters"
+       (`PAPERMILL_COMMENT`; tagged "injected-parameters" in the notebook
+       file); the kernel ran it, so its source is in IPython's input history
+       `In`, which is among the globals (`injected_names`). `runall` passes
+       the profile's values that way itself, under the explicit ones.
+    2. Otherwise a value that differs from the notebook's own default was
+       changed in the parameters cell (an interactive run) and is kept.
+    3. Every other value, still the notebook's default, takes the profile's.
+
+    So an interactive run cannot keep a notebook default against its
+    profile by leaving it as it is: it passes it with papermill, or uses a
+    profile file without that entry. Under LAB_SMOKE=1 the smoke set is
+    applied after this and replaces what it names (`lab_utils.smoke`)."""
+    check_profile_parameters(profile)
+    out = ProfileParameters(profile.name, name, profile.parameters_for(name))
+    out.explicit = injected_names(namespace or {}) & set(out.table)
+    for key, value in out.table.items():
+        current = params.get(key, defaults.get(key))
+        if key in out.explicit or current != defaults.get(key):
+            if current != value:
+                out.kept[key] = current
+        elif current != value:
+            out.taken[key] = value
+    params.update(out.taken)
+    if namespace is not None:
+        namespace.update(out.taken)
+    return out
+
+
+def profile_defaults(profile: Profile | None, notebook: str | Path,
+                     params: Mapping[str, Any] | None = None,
+                     smoke: bool = False) -> dict[str, Any]:
+    """A notebook's parameters as a run on `profile` passes them: the
+    profile's table for it, the notebook's smoke set with `smoke`, then
+    `params` (explicit values win), each checked against the notebook's
+    defaults; names the notebook does not have are dropped. What `runall`
+    gives papermill and the plan checker plans with (over the defaults)."""
+    from .smoke import smoke_parameters
+    if profile is not None:
+        check_profile_parameters(profile)
+    path = Path(notebook)
+    defaults = parameter_defaults(path)
+    values = {**(profile.parameters_for(path.stem) if profile is not None else {}),
+              **(smoke_parameters(path.stem) if smoke else {}),
+              **{k: v for k, v in (params or {}).items() if k in defaults}}
+    check_parameters(defaults, values)
+    return values
 
 
 @dataclass
@@ -139,15 +310,22 @@ class NotebookContext:
 def setup(name: str, namespace: dict[str, Any],
           plan: Callable[[Profile, Mapping[str, Any]], Plan] | None = None) -> NotebookContext:
     """Check the parameters in `namespace` (the notebook's globals) against the
-    notebook's own defaults, then load the profile and open results and engines.
-    Under LAB_SMOKE=1 the notebook's smoke parameters replace them, in
-    `namespace` too (`lab_utils.smoke`). `plan` is the experiment module's
-    `plan(profile, params)`: the engines this notebook may start (`lab_utils.arms`),
-    checked, printed and written to the results before anything starts."""
+    notebook's own defaults, load the profile and give the notebook its
+    profile's parameter defaults (`apply_profile_parameters`: explicit and
+    edited values win; printed), then open results and engines. Under
+    LAB_SMOKE=1 the notebook's smoke parameters replace them, in `namespace`
+    too (`lab_utils.smoke`). `plan` is the experiment module's
+    `plan(profile, params)`: the engines this notebook may start
+    (`lab_utils.arms`), checked, printed and written to the results before
+    anything starts."""
     from . import smoke
     defaults = parameter_defaults(f"{name}.ipynb")
     params = {k: namespace[k] for k in defaults if k in namespace}
     check_parameters(defaults, params)
+    profile = load_profile(params.get("profile", "cpu"), base_url=params.get("base_url", ""))
+    from_profile = apply_profile_parameters(name, profile, defaults, params, namespace)
+    if from_profile.table:
+        print(from_profile.describe())
     changed = smoke.apply(name, defaults, params, namespace)
     if changed:
         check_parameters(defaults, params)
@@ -156,10 +334,11 @@ def setup(name: str, namespace: dict[str, Any],
     results_dir = Path(params.get("results_dir", "results"))
     if not results_dir.is_absolute():
         results_dir = (NOTEBOOKS_DIR / results_dir).resolve()
-    profile = load_profile(params.get("profile", "cpu"), base_url=params.get("base_url", ""))
     results = Results(name, results_dir, profile.name)
     print(f"machine: {summary_line(results.data['environment']['machine'])}")
     results.data["parameters"] = params
+    if from_profile.table:
+        results.data["profile_parameters"] = from_profile.to_dict()
     if changed:
         results.data["smoke"] = True
     results.save()
@@ -208,10 +387,18 @@ def explore(function: Callable[..., Any], **controls: Any):
 
 
 __all__ = [
+    "PAPERMILL_COMMENT",
     "REPO_ROOT",
+    "RUN_PARAMETERS",
     "NotebookContext",
+    "ProfileParameters",
+    "apply_profile_parameters",
     "check_parameters",
+    "check_profile_parameters",
     "explore",
+    "injected_names",
     "parameter_defaults",
+    "parameter_table_problems",
+    "profile_defaults",
     "setup",
 ]

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -385,6 +386,8 @@ class PlanCheck:
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     effects: list[str] = field(default_factory=list)
+    #: The parameters the profile's `[parameters."<notebook>"]` table set.
+    from_profile: dict[str, Any] = field(default_factory=dict)
 
     def engine(self, name: str) -> Engine:
         return next(e for e in self.engines if e.name == name)
@@ -394,6 +397,9 @@ class PlanCheck:
             lines = [f"{self.notebook}: no plan"]
         else:
             lines = [self.plan.describe()]
+        if self.from_profile:
+            lines.append("  parameters from the profile: "
+                         + ", ".join(f"{k}={v!r}" for k, v in self.from_profile.items()))
         for e in self.engines:
             lines.append(f"  engine {e.name}: {e.command}")
             lines.append("    " + estimate_line(e))
@@ -436,6 +442,7 @@ def check_plan(plan: Plan, profile: Profile, gpu: Device | None = None,
     for e in out.engines:
         out.problems += e.problems
         out.problems += _fit_problems(e)
+        out.problems += _length_problems(e, params or {})
     out.problems += _together_problems(plan, out.engines)
     by_name = {e.name: e for e in out.engines}
     for e in out.engines:
@@ -487,6 +494,49 @@ def _fit_problems(e: Engine) -> list[str]:
             f"max_model_len ({e.max_model_len:,} tokens x {per_token:,} B = {_gib(seq)}): vLLM "
             f"refuses to start. Lower max_model_len to {fits:,} or give the KV cache "
             f"{_gib(seq)} or more"]
+
+
+#: (prompt parameter, output parameter or None): the request shapes the
+#: notebooks' parameters ask for (a list of prompt lengths counts its longest;
+#: a shared prefix is followed by `suffix_tokens`).
+REQUEST_SHAPES = (("long_prompt_tokens", None), ("prompt_tokens", "output_tokens"),
+                  ("single_prompt_tokens", "single_output_tokens"),
+                  ("pressure_prompt_tokens", "pressure_output_tokens"),
+                  ("prompt_lengths", None), ("prefix_lengths", "max_tokens"))
+
+
+def longest_request(params: Mapping[str, Any]) -> tuple[int, str]:
+    """(tokens, which parameters) of the longest request a notebook's
+    parameters ask for: prompt plus output tokens where both are named."""
+    best, why = 0, ""
+    for prompt_key, output_key in REQUEST_SHAPES:
+        value = params.get(prompt_key)
+        prompt = max((int(x) for x in value), default=0) if isinstance(value, list) else \
+            int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+        if not prompt:
+            continue
+        names = [prompt_key]
+        if prompt_key == "prefix_lengths":
+            prompt += int(params.get("suffix_tokens", 0))
+            names.append("suffix_tokens")
+        output = int(params.get(output_key) or 0) if output_key else 0
+        if output:
+            names.append(output_key)
+        if prompt + output > best:
+            best, why = prompt + output, " + ".join(names)
+    return best, why
+
+
+def _length_problems(e: Engine, params: Mapping[str, Any]) -> list[str]:
+    """A request the parameters ask for that is longer than the engine's
+    max_model_len (vLLM refuses it with a 400: "maximum context length")."""
+    tokens, why = longest_request(params)
+    if e.max_model_len is None or tokens <= e.max_model_len:
+        return []
+    return [f"arm {e.name!r}: the notebook's longest request ({why} = {tokens:,} tokens) is "
+            f"longer than its max_model_len {e.max_model_len:,}: vLLM refuses it. Raise "
+            "max_model_len in the profile's [engine] (the KV share must still hold one) or "
+            "lower those parameters"]
 
 
 def _together_problems(plan: Plan, engines: Sequence[Engine]) -> list[str]:
@@ -559,6 +609,10 @@ def predicted_effect(e: Engine, r: Engine, params: Mapping[str, Any]
     changed = knobs_between(e.arm, r.arm)
     prompt, prefix = workload_tokens(params)
     label = f"{e.name} vs {r.name} on {e.device.name}"
+    if changed == {"kv_cache_dtype"} and params.get("pressure_requests"):
+        return _pressure_effect(e, r, params, label)
+    if changed == {"scheduling_policy"} and params.get("batch_requests"):
+        return _queue_effect(e, r, params, label)
     if changed & BYTES_KNOBS:
         p_e, p_r = e.prefill_s(prompt), r.prefill_s(prompt)
         d_e, d_r = e.decode_s(prompt), r.decode_s(prompt)
@@ -605,32 +659,88 @@ def predicted_effect(e: Engine, r: Engine, params: Mapping[str, Any]
     return None, None
 
 
+def _pressure_effect(e: Engine, r: Engine, params: Mapping[str, Any], label: str
+                     ) -> tuple[str | None, str | None]:
+    """A KV dtype against another at the same KV budget, under 06's pressure
+    run (`pressure_requests` sent at once, each `pressure_prompt_tokens` +
+    `pressure_output_tokens`): the budget holds some of them at once, the
+    rest wait, so the run takes ceil(requests / held) waves of decode steps
+    (each reading the weights and the held requests' KV). A first-order
+    model: vLLM admits waiting requests as blocks free, and preempts when
+    running requests outgrow their blocks."""
+    n = int(params["pressure_requests"])
+    out_tokens = int(params.get("pressure_output_tokens", 0))
+    seq = int(params.get("pressure_prompt_tokens", 0)) + out_tokens
+    if not seq or r.kv_tokens is None or e.kv_tokens is None:
+        return None, None
+    held = {x.name: max(1, min(n, x.kv_tokens // seq)) for x in (r, e)}
+    waves = {k: math.ceil(n / v) for k, v in held.items()}
+    run = {x.name: waves[x.name] * out_tokens * x.decode_s(seq, batch=held[x.name])
+           for x in (r, e)}
+    change = (run[e.name] / run[r.name] - 1) * 100 if run[r.name] else 0.0
+    text = (f"{label}: the KV budget holds {r.kv_tokens:,} -> {e.kv_tokens:,} tokens, "
+            f"{held[r.name]} -> {held[e.name]} of the {n} pressure requests of {seq:,} tokens "
+            f"at once: {waves[r.name]} -> {waves[e.name]} waves of {out_tokens} decode steps, "
+            f"the pressure run {run[r.name]:,.2f} s -> {run[e.name]:,.2f} s ({change:+.0f}%)")
+    if abs(change) < NOISE_PCT:
+        return text, (f"{label}: predicted change of the pressure run ({change:+.1f}%) is below "
+                      f"the ~{NOISE_PCT:g}% run-to-run noise: send more pressure requests than "
+                      f"the {r.name} budget holds ({held[r.name]}), or lower kv_cache_gib")
+    return text, None
+
+
+def _queue_effect(e: Engine, r: Engine, params: Mapping[str, Any], label: str
+                  ) -> tuple[str | None, str | None]:
+    """09's batch job (`batch_requests` of `batch_tokens` output tokens,
+    submitted together) on `max_num_seqs` slots: it runs in waves of one
+    `batch_tokens`-step decode at full slots. An interactive request that
+    arrives just after it waits, first come first served, until every queued
+    batch request has a slot (floor(requests / slots) waves); with the
+    priority policy only until the first slot frees (one wave): vLLM does
+    not preempt a running request to free a slot, it orders the waiting
+    queue (vllm/v1/core/sched/scheduler.py admits while running <
+    max_num_seqs)."""
+    n, tokens = int(params["batch_requests"]), int(params.get("batch_tokens", 0))
+    slots = int(e.items.get("max_num_seqs") or 0)
+    if not tokens or not slots:
+        return None, None
+    if n <= slots:
+        return None, (f"{label}: the batch job's {n} requests fit the {slots} slots "
+                      "(max_num_seqs): nothing waits, so the policy has nothing to reorder. "
+                      "Send more batch_requests than max_num_seqs")
+    wave = tokens * r.decode_s(tokens // 2, batch=slots)
+    fcfs, first = (n // slots) * wave, wave
+    return (f"{label}: the batch job ({n} x {tokens:,} tokens on {slots} slots) runs in "
+            f"{math.ceil(n / slots)} waves of {wave:,.2f} s; an interactive request arriving "
+            f"behind it waits up to {fcfs:,.2f} s first come first served, {first:,.2f} s with "
+            f"priority ({(first / fcfs - 1) * 100:+.0f}%)"), None
+
+
 # --------------------------------------------------------------------------
 # Every notebook
 # --------------------------------------------------------------------------
 
 def notebook_parameters(path: Path, params: Mapping[str, Any] | None = None,
-                        smoke: bool = False) -> dict[str, Any]:
-    """A notebook's parameters as a run would set them: its defaults, its
-    smoke set with `smoke`, then the `params` it has (checked for type)."""
-    from .notebook import check_parameters, parameter_defaults
-    from .smoke import smoke_parameters
-    defaults = parameter_defaults(path)
-    values = {**defaults, **(smoke_parameters(Path(path).stem) if smoke else {}),
-              **{k: v for k, v in (params or {}).items() if k in defaults}}
-    check_parameters(defaults, values)
-    return values
+                        smoke: bool = False, profile: Profile | None = None) -> dict[str, Any]:
+    """A notebook's parameters as a run would set them: its defaults, the
+    profile's table for it (`[parameters."<notebook>"]`), its smoke set with
+    `smoke`, then the `params` it has (checked for type), as `runall` does."""
+    from .notebook import parameter_defaults, profile_defaults
+    return {**parameter_defaults(path), **profile_defaults(profile, path, params, smoke)}
 
 
 def check_notebook(path: Path, profile: Profile, gpu: Device | None = None,
                    params: Mapping[str, Any] | None = None, smoke: bool = False) -> PlanCheck:
     """The notebook's module's plan on this profile with its parameters,
     checked; a plan the module refuses (ConfigError) or fails to build is a
-    problem of its own."""
+    problem of its own. The check names the values the profile's table gave
+    (those `params` and `smoke` left as the profile has them)."""
     from .experiments import module_for
     name = Path(path).stem
     try:
-        values = notebook_parameters(path, params, smoke)
+        values = notebook_parameters(path, params, smoke, profile)
+        from_profile = {k: v for k, v in profile.parameters_for(name).items()
+                        if values.get(k) == v}
         plan = module_for(name).plan(profile, values)
     except ConfigError as exc:
         return PlanCheck(name, None, problems=[f"plan refused on profile {profile.name!r}: "
@@ -639,7 +749,9 @@ def check_notebook(path: Path, profile: Profile, gpu: Device | None = None,
         return PlanCheck(name, None, problems=[
             f"plan() raised {type(exc).__name__}: {exc} on profile {profile.name!r}: fix the "
             "experiment module's plan()"])
-    return check_plan(plan, profile, gpu, values)
+    out = check_plan(plan, profile, gpu, values)
+    out.from_profile = from_profile
+    return out
 
 
 def check_all(profile: Profile, gpu: Device | None = None, only: Sequence[str] | None = None,
@@ -654,8 +766,10 @@ def report(profile_name: str, gpu_name: str | None = None, base_url: str = "",
            folder: Path = NOTEBOOKS_DIR, smoke: bool = False, out=None) -> int:
     """Print every notebook's checked plan; 1 if any has a problem."""
     out = out or sys.stdout
+    from .notebook import check_profile_parameters
     try:
         profile = load_profile(profile_name, base_url=base_url)
+        check_profile_parameters(profile, folder)
         if gpu_name and profile.device != "cuda":
             raise ConfigError(f"--gpu {gpu_name} sizes a cuda profile; {profile_name!r} runs on "
                               f"{profile.device!r}: leave --gpu out")
@@ -705,7 +819,7 @@ def parse_parameters(pairs: Sequence[Sequence[str]]) -> dict[str, Any]:
 
 
 __all__ = ["ACTIVATION_ALLOWANCE_BYTES", "DEFAULT_GPU", "Engine", "PlanCheck", "SHARE_LIMIT",
-           "async_scheduling", "build_engine", "check_all", "check_notebook", "check_plan",
+           "async_scheduling", "build_engine", "check_all", "longest_request", "check_notebook", "check_plan",
            "memory_shares", "notebook_parameters", "predicted_effect", "report",
            "speculative_method"]
 

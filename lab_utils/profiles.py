@@ -46,6 +46,15 @@ class Profile:
     #: cpu only: thread binding and preloads (`lab_utils.cpu_tuning.binding_env`
     #: keywords: bind, tcmalloc, iomp), measured by benchmarks/thread_binding.py
     cpu_binding: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: Per-notebook parameter defaults for this target: {notebook: {name: value}}
+    #: from `[parameters."<notebook>"]` tables, checked against each notebook's
+    #: parameters cell where they are used (`lab_utils.notebook.check_profile_parameters`)
+    #: and applied by `lab.setup` and `runall` under explicit values.
+    parameters: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def parameters_for(self, notebook: str) -> dict[str, Any]:
+        """This profile's defaults for `notebook` (e.g. "01_chunked_prefill")."""
+        return dict(self.parameters.get(notebook, {}))
 
     @property
     def is_remote(self) -> bool:
@@ -163,6 +172,12 @@ def load_profile(name: str = "cpu", *, base_url: str = "", **engine_overrides: A
     if bad:
         raise ConfigError(f"{path}: unknown [cpu_binding] keys {sorted(bad)}; allowed: "
                           "bind ('auto', 'all' or a CPU list), tcmalloc, iomp (true/false)")
+    data.setdefault("parameters", {})
+    bad = [k for k, v in data["parameters"].items() if not isinstance(v, dict)]
+    if bad:
+        raise ConfigError(f"{path}: [parameters] holds one table per notebook, e.g. "
+                          f"[parameters.\"01_chunked_prefill\"] with `name = value` lines; "
+                          f"{bad} are not tables")
     data["engine"] = {**data["engine"], **engine_overrides}
     data["env"] = {k: str(v) for k, v in data["env"].items()}
     if data.get("kind") == "remote":

@@ -66,13 +66,19 @@ def _point_latest(run_dir: Path) -> None:
 def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = None,
             runs_dir: Path = RUNS_DIR, parameters: dict | None = None,
             notebooks_dir: Path = NOTEBOOKS_DIR, smoke: bool = False) -> int:
-    """Execute the notebooks; `smoke` gives each its smoke parameters
-    (`lab_utils.smoke`), under any explicit `parameters`."""
+    """Execute the notebooks. Each gets, as papermill parameters, its
+    profile's defaults for it (`[parameters."<notebook>"]` in the profile's
+    TOML), then with `smoke` its smoke parameters (`lab_utils.smoke`), then
+    the explicit `parameters`, which always win (`lab.setup` keeps every
+    value papermill injected, `lab_utils.notebook.apply_profile_parameters`)."""
     import papermill as pm
 
-    from .smoke import smoke_parameters
+    from .notebook import check_profile_parameters, profile_defaults
+    from .profiles import load_profile
 
     todo = notebooks(only, notebooks_dir)  # fail before making a run folder
+    target = load_profile(profile, base_url=base_url)
+    check_profile_parameters(target)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(runs_dir) / stamp
     for sub in ("notebooks", "results", "logs"):
@@ -92,7 +98,7 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
     for i, (path, entry) in enumerate(zip(todo, status["notebooks"]), 1):
         params = {"profile": profile, "base_url": base_url,
                   "results_dir": str((run_dir / "results").resolve()),
-                  **(smoke_parameters(path.stem) if smoke else {}), **(parameters or {})}
+                  **profile_defaults(target, path, smoke=smoke), **(parameters or {})}
         entry["status"] = "running"
         save_status()
         print(f"[{i}/{len(todo)}] {path.stem} ...", end=" ", flush=True)

@@ -309,10 +309,71 @@ def test_remote_plans_launch_nothing_and_check_the_plans(no_findings):
 
 
 def test_a_warning_is_not_a_problem(no_findings):
-    [check] = checker.check_all(load_profile("gpu"), H100, only=["06"], params=no_findings)
+    # 2 pressure requests of 2,304 tokens fit 1 GiB of bf16 KV (18,720 tokens)
+    # as well as of fp8: the same one wave, and the KV bytes halved are 0.26 GB
+    # against 15.2 GB of weights a step, so the change is below the noise
+    [check] = checker.check_all(load_profile("gpu"), H100, only=["06"],
+                                params={**no_findings, "pressure_requests": 2})
     assert check.problems == []
     [warning] = check.warnings
-    assert "fp8 vs auto" in warning and "below" in warning
+    assert "fp8 vs auto" in warning and "below" in warning and "pressure requests" in warning
+
+
+def test_fp8_kv_under_pressure_by_hand():
+    """06's pressure run: 1 GiB of KV holds 1 GiB // (57,344 B x 16) x 16 =
+    18,720 bf16 tokens (37,440 fp8): 8 (16) of 16 requests of 2,048 + 256
+    tokens at once, 2 waves (1) of 256 steps, each step the weights + the held
+    requests' KV at 3.35 TB/s."""
+    gpu = load_profile("gpu")
+    flags = {"kv_cache_memory_bytes": GIB, "max_model_len": 4096}
+    auto = checker.build_engine(gpu, Arm("auto", {**flags, "kv_cache_dtype": "auto"}), H100)
+    fp8 = checker.build_engine(gpu, Arm("fp8", {**flags, "kv_cache_dtype": "fp8"},
+                                        knob="kv_cache_dtype"), H100)
+    assert (auto.kv_tokens, fp8.kv_tokens) == (18_720, 37_440)
+    params = {"pressure_requests": 16, "pressure_prompt_tokens": 2048,
+              "pressure_output_tokens": 256}
+    text, warning = checker.predicted_effect(fp8, auto, params)
+    weights = 15_231_233_024
+    slow = 2 * 256 * (weights + 8 * 2304 * 57_344) / 3.35e12
+    fast = 1 * 256 * (weights + 16 * 2304 * 28_672) / 3.35e12
+    assert f"8 -> 16 of the 16 pressure requests of 2,304 tokens" in text
+    assert f"2 -> 1 waves" in text and f"{slow:,.2f} s -> {fast:,.2f} s" in text
+    assert warning is None
+
+
+def test_priority_against_fcfs_by_hand():
+    """09's batch job of 8 requests x 512 tokens on 4 slots: 2 waves of 512
+    steps at batch 4 (context ~256); an interactive request arriving behind
+    it waits for floor(8 / 4) = 2 waves first come first served, 1 with
+    priority (the scheduler orders the waiting queue, it does not preempt a
+    running request for a slot). With 4 batch requests nothing waits."""
+    gpu = load_profile("gpu")
+    fcfs = checker.build_engine(gpu, Arm("fcfs", {"max_num_seqs": 4}), H100)
+    prio = checker.build_engine(gpu, Arm("priority", {"max_num_seqs": 4,
+                                                      "scheduling_policy": "priority"},
+                                         knob="scheduling_policy"), H100)
+    wave = 512 * (15_231_233_024 + 4 * 256 * 57_344) / 3.35e12
+    text, warning = checker.predicted_effect(prio, fcfs, {"batch_requests": 8,
+                                                         "batch_tokens": 512})
+    assert f"2 waves of {wave:,.2f} s" in text and f"up to {2 * wave:,.2f} s" in text
+    assert warning is None
+    _, warning = checker.predicted_effect(prio, fcfs, {"batch_requests": 4, "batch_tokens": 512})
+    assert "nothing waits" in warning and "more batch_requests than max_num_seqs" in warning
+
+
+def test_a_request_longer_than_max_model_len(no_findings):
+    path = checker.notebooks(["01"])[0]
+    check = checker.check_notebook(path, load_profile("gpu"), H100,
+                                   {"long_prompt_tokens": 20_000})
+    assert check.problems and all("long_prompt_tokens = 20,000 tokens" in p
+                                  and "max_model_len 16,384" in p for p in check.problems)
+    assert len(check.problems) == len(check.engines) == 4
+    assert checker.longest_request({"prefix_lengths": [0, 8192], "suffix_tokens": 64,
+                                    "max_tokens": 4}) == (8260, "prefix_lengths + suffix_tokens"
+                                                                " + max_tokens")
+    assert checker.longest_request({"pressure_prompt_tokens": 2048,
+                                    "pressure_output_tokens": 256, "prompt_lengths": [128]}
+                                   ) == (2304, "pressure_prompt_tokens + pressure_output_tokens")
 
 
 # --------------------------------------------------------------------------
@@ -458,4 +519,6 @@ def test_module_runs_as_a_script():
                            "--only", "02"], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "TTFT prefill of a 2,048-token shared prefix" in proc.stdout
+    # the gpu profile's [parameters."02_prefix_caching"] sets the prefixes
+    assert "parameters from the profile: prefix_lengths=[0, 1024, 4096, 8192]" in proc.stdout
+    assert "TTFT prefill of a 8,192-token shared prefix" in proc.stdout
