@@ -102,6 +102,20 @@ CHECKPOINT_METHODS = frozenset({
     "awq", "auto_awq", "awq_marlin", "gptq", "auto_gptq", "gptq_marlin", "marlin",
     "compressed-tensors", "modelopt", "modelopt_fp4", "modelopt_mxfp8", "modelopt_mixed",
     "quark", "moe_wna16", "gpt_oss_mxfp4", "inc"})
+#: vLLM 0.32's `vllm serve` default of max_num_seqs when the flag is unset
+#: (`EngineArgs.get_batch_defaults`, vllm/engine/arg_utils.py): on the CPU
+#: 128 x world size; on a GPU 1024 from 70 GiB of memory up (A100s excepted),
+#: else 256.
+def default_max_num_seqs(device_kind: str, gpu: Device | None, world_size: int = 1) -> int:
+    if device_kind == "cpu":
+        return 128 * world_size
+    if gpu is None:
+        return 256
+    if gpu.memory_gib >= 160 or (gpu.memory_gib >= 70 and "a100" not in gpu.name.lower()):
+        return 1024
+    return 256
+
+
 #: Knobs whose effect is bytes or FLOPs, which the first-principles model predicts.
 BYTES_KNOBS = {ROLE, "dtype", "quantization", "kv_cache_dtype"}
 #: Environment prefixes only one backend reads.
@@ -443,6 +457,7 @@ def check_plan(plan: Plan, profile: Profile, gpu: Device | None = None,
         out.problems += e.problems
         out.problems += _fit_problems(e)
         out.problems += _length_problems(e, params or {})
+        out.problems += _batch_problems(e)
     out.problems += _together_problems(plan, out.engines)
     by_name = {e.name: e for e in out.engines}
     for e in out.engines:
@@ -537,6 +552,28 @@ def _length_problems(e: Engine, params: Mapping[str, Any]) -> list[str]:
             f"longer than its max_model_len {e.max_model_len:,}: vLLM refuses it. Raise "
             "max_model_len in the profile's [engine] (the KV share must still hold one) or "
             "lower those parameters"]
+
+
+def _batch_problems(e: Engine) -> list[str]:
+    """A token budget below the engine's max_num_seqs: vLLM refuses it
+    (`SchedulerConfig`: max_num_batched_tokens must be >= max_num_seqs), and
+    when max_num_seqs is unset it takes the device's default, 1024 on an H100."""
+    budget = e.items.get("max_num_batched_tokens")
+    if budget is None:
+        return []
+    seqs = e.items.get("max_num_seqs")
+    default = seqs is None
+    if default:
+        world = e.tp * int(e.items.get("pipeline_parallel_size", 1))
+        seqs = default_max_num_seqs(e.device_kind, e.device, world)
+    if int(budget) >= int(seqs):
+        return []
+    where = (f"vLLM's default max_num_seqs on {e.device.name if e.device else e.device_kind} "
+             "(EngineArgs.get_batch_defaults)" if default else "its max_num_seqs")
+    return [f"arm {e.name!r}: max_num_batched_tokens {int(budget):,} is below {where}, "
+            f"{int(seqs):,}: vLLM refuses it (SchedulerConfig: max_num_batched_tokens must be "
+            f">= max_num_seqs). Use a budget of {int(seqs):,} or more, or set max_num_seqs to "
+            "the budget or less in the profile's [engine] (every arm alike)"]
 
 
 def _together_problems(plan: Plan, engines: Sequence[Engine]) -> list[str]:
@@ -819,7 +856,8 @@ def parse_parameters(pairs: Sequence[Sequence[str]]) -> dict[str, Any]:
 
 
 __all__ = ["ACTIVATION_ALLOWANCE_BYTES", "DEFAULT_GPU", "Engine", "PlanCheck", "SHARE_LIMIT",
-           "async_scheduling", "build_engine", "check_all", "longest_request", "check_notebook", "check_plan",
+           "async_scheduling", "build_engine", "check_all", "default_max_num_seqs",
+           "longest_request", "check_notebook", "check_plan",
            "memory_shares", "notebook_parameters", "predicted_effect", "report",
            "speculative_method"]
 

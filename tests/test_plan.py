@@ -209,6 +209,53 @@ def test_defaults_match_installed_vllm(vllm_rules):
     assert vllm_rules["heterogeneous"]
 
 
+_BATCH_DEFAULTS = r"""
+import json, sys
+from vllm.engine import arg_utils
+from vllm.usage.usage_lib import UsageContext
+class Stub:
+    def __init__(self, gib, name, cpu): self.gib, self.name, self.cpu = gib, name, cpu
+    def get_device_total_memory(self): return int(self.gib * 2**30)
+    def get_device_name(self): return self.name
+    def is_tpu(self): return False
+    def is_cpu(self): return self.cpu
+out = {}
+for key, gib, name, cpu in json.loads(sys.argv[1]):
+    arg_utils.current_platform = Stub(gib, name, cpu)
+    _, seqs = arg_utils.EngineArgs.get_batch_defaults(1)
+    out[key] = seqs[UsageContext.OPENAI_API_SERVER]
+print(json.dumps(out))
+"""
+
+
+def test_default_max_num_seqs_is_vllms_own():
+    """vLLM's EngineArgs.get_batch_defaults, run with each GPU's memory and
+    name (and a CPU) in place of the platform it would query."""
+    cases = [[n, d.memory_gib, d.title, False] for n, d in facts.devices().items()]
+    cases.append(["cpu", 0, "", True])
+    proc = subprocess.run([sys.executable, "-c", _BATCH_DEFAULTS, json.dumps(cases)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    vllm_says = json.loads(proc.stdout.strip().splitlines()[-1])
+    ours = {n: checker.default_max_num_seqs("cuda", d) for n, d in facts.devices().items()}
+    ours["cpu"] = checker.default_max_num_seqs("cpu", None)
+    assert ours == vllm_says
+    assert vllm_says["h100-80gb"] == 1024 and vllm_says["a100-80gb"] == 256
+
+
+def test_a_budget_below_max_num_seqs():
+    gpu = load_profile("gpu")
+    small = Plan("x", (Arm("off", {"enable_chunked_prefill": False}),
+                       Arm("512", {"enable_chunked_prefill": True, "max_num_batched_tokens": 512},
+                           knob=("enable_chunked_prefill", "max_num_batched_tokens"))))
+    [problem] = checker.check_plan(small, gpu, H100).problems
+    assert "max_num_batched_tokens 512 is below vLLM's default max_num_seqs on h100-80gb" \
+        in problem and "1,024" in problem and "budget of 1,024 or more" in problem
+    assert checker.check_plan(small, gpu, facts.device("a100-80gb")).problems == []
+    slots = Plan("x", (Arm("b", {"max_num_seqs": 1024, "max_num_batched_tokens": 2048}),))
+    assert checker.check_plan(slots, gpu, H100).problems == []
+
+
 # --------------------------------------------------------------------------
 # Estimates, by hand
 # --------------------------------------------------------------------------
