@@ -57,13 +57,75 @@ def test_every_result_names_its_machine(smoke_results):
         assert machine.get("vllm_version"), notebook
 
 
+#: Where a notebook starts other engines than its plan's command lines say,
+#: today: what differs, and why. 06 drops VLLM_CPU_KVCACHE_SPACE from the
+#: profile's env when it starts its arms (fp8_kv_cache.use_kv_budget: vLLM's
+#: CPU build would take it over --kv-cache-memory-bytes), which its plan
+#: cannot declare (an arm's env only adds variables), so the plan checker
+#: prints and sizes a command with the variable set. The fix: a plan that
+#: says so (an env entry that removes a variable), then drop the entry here.
+KNOWN_UNPLANNED = {"06_fp8_kv_cache": {"env only in the plan": ["VLLM_CPU_KVCACHE_SPACE"]}}
+
+
+def split_command(command: str) -> tuple[dict[str, str], list[str]]:
+    """(environment, argv) of a `K=V ... vllm serve ...` line, the port set to
+    8000 (the plan checker's; a real start takes a free one)."""
+    import re
+    import shlex
+    words = shlex.split(re.sub(r"--port \d+", "--port 8000", command))
+    env = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    return env, words
+
+
+def unplanned(folder: Path, data: dict) -> dict:
+    """How the engines a notebook recorded (each with its arm and exact
+    command) differ from the plan the plan checker derives now from the
+    recorded profile and parameters, findings read from `folder`: arms it
+    does not declare, and per arm the environment and argv that differ."""
+    from lab_utils import plan as checker
+    from lab_utils.paths import NOTEBOOKS_DIR
+    from lab_utils.profiles import load_profile
+    params = {**data["parameters"], "results_dir": str(folder)}
+    check = checker.check_notebook(NOTEBOOKS_DIR / f"{data['notebook']}.ipynb",
+                                   load_profile(data["profile"]), None, params)
+    planned = {e.name: split_command(e.command) for e in check.engines}
+    out: dict = {}
+    for engine in data["engines"]:
+        arm = engine.get("arm")
+        if arm == "explore":
+            continue
+        if arm not in planned:
+            out.setdefault("arms not in the plan", []).append(str(arm))
+            continue
+        (env_p, argv_p), (env_r, argv_r) = planned[arm], split_command(engine["command"])
+        if argv_p != argv_r:
+            out.setdefault("argv", {})[arm] = {"plan": argv_p, "run": argv_r}
+        only_plan = sorted(set(env_p) - set(env_r))
+        if only_plan:
+            out["env only in the plan"] = only_plan
+        if sorted(set(env_r) - set(env_p)):
+            out["env only in the run"] = sorted(set(env_r) - set(env_p))
+        if {k: env_p[k] for k in env_p if k in env_r} != {k: env_r[k] for k in env_r
+                                                          if k in env_p}:
+            out.setdefault("env values", []).append(arm)
+    return out
+
+
 def test_each_notebook_started_exactly_its_declared_plan(smoke_results):
     # The plan is written before anything starts (lab.setup), each engine is
     # recorded with the arm it served: every engine belongs to the plan, and
-    # every arm of the plan either ran or was skipped with a reason.
+    # every arm of the plan either ran or was skipped with a reason. Then the
+    # plan checker derives the plan again from the profile and the recorded
+    # parameters, and each recorded command line (the one the server really
+    # started with) must be the checker's for that arm, port aside. Works on
+    # any run's results: LAB_FINDINGS_RESULTS=runs/latest/results for `make run`.
     folder, ran = smoke_results
+    found = {}
     for notebook in ran:
-        data = results_of(smoke_results, notebook)
+        data = json.loads((Path(folder) / f"{notebook}.json").read_text())
         assert "plan" in data, f"{notebook} declared no plan"
         declared = {a["arm"]: a for a in data["plan"]["arms"]}
         started = {e.get("arm") for e in data["engines"]}
@@ -75,6 +137,11 @@ def test_each_notebook_started_exactly_its_declared_plan(smoke_results):
         skipped = set(data.get("skipped_arms", {}))
         missing = set(declared) - started - skipped
         assert not missing, f"{notebook}: declared arms neither started nor skipped: {missing}"
+        if data["profile"] != "remote":
+            differs = unplanned(Path(folder), data)
+            if differs:
+                found[notebook] = differs
+    assert found == {k: v for k, v in KNOWN_UNPLANNED.items() if k in ran}
 
 
 def test_00_baseline_runs_without_cache_hits_and_with_the_profiles_binding(smoke_results):
