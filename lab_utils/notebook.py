@@ -223,10 +223,12 @@ def profile_defaults(profile: Profile | None, notebook: str | Path,
     if profile is not None:
         check_profile_parameters(profile)
     path = Path(notebook)
+    given = {**(profile.parameters_for(path.stem) if profile is not None else {}),
+             **(smoke_parameters(path.stem) if smoke else {})}
+    if not given and not params:
+        return {}   # nothing to check against the parameters cell (a notebook may have none)
     defaults = parameter_defaults(path)
-    values = {**(profile.parameters_for(path.stem) if profile is not None else {}),
-              **(smoke_parameters(path.stem) if smoke else {}),
-              **{k: v for k, v in (params or {}).items() if k in defaults}}
+    values = {**given, **{k: v for k, v in (params or {}).items() if k in defaults}}
     check_parameters(defaults, values)
     return values
 
