@@ -170,3 +170,51 @@ def bootstrap_change_pct(baseline: Sequence[float], treated: Sequence[float], *,
     change = change[np.isfinite(change)]
     alpha = (1 - level) / 2 * 100
     return (float(np.percentile(change, alpha)), float(np.percentile(change, 100 - alpha)))
+
+
+# --------------------------------------------------------------------------
+# Interference: what one class of requests does to another
+# --------------------------------------------------------------------------
+
+def streaming_when_sent(records: Sequence, victim: str = "short",
+                        intruder: str = "long") -> list:
+    """The `victim` requests that had their first token but not their last
+    when some `intruder` request was sent (all `start`s of one run share one
+    clock): the streams an arriving long prompt can freeze."""
+    sent = [r.start for r in records if r.tag == intruder]
+    out = []
+    for r in records:
+        if r.tag != victim or not r.ok or r.ttft is None or r.e2e is None:
+            continue
+        first, last = r.start + r.ttft, r.start + r.e2e
+        if any(first <= t < last for t in sent):
+            out.append(r)
+    return out
+
+
+def decode_stall(records: Sequence, victim: str = "short",
+                 intruder: str = "long") -> dict[str, float]:
+    """Inter-token gaps (ms) of the requests `streaming_when_sent`: their max
+    and p99 (pooled), how many there were, and their median E2E (an intruder
+    whose work is spread over their stream instead of freezing it still
+    lengthens them)."""
+    hit = streaming_when_sent(records, victim, intruder)
+    gaps = np.array([g for r in hit for g in r.itl], dtype=float) * 1e3
+    e2e = [r.e2e * 1e3 for r in hit]
+    e2e_median = float(np.median(e2e)) if e2e else math.nan
+    if gaps.size == 0:
+        return {"stalled_requests": len(hit), "stall_itl_ms_max": math.nan,
+                "stall_itl_ms_p99": math.nan, "stalled_e2e_ms_median": e2e_median}
+    return {"stalled_requests": len(hit), "stall_itl_ms_max": float(gaps.max()),
+            "stall_itl_ms_p99": float(np.percentile(gaps, 99)),
+            "stalled_e2e_ms_median": e2e_median}
+
+
+def arrived_while_waiting(records: Sequence, victim: str = "short",
+                          intruder: str = "long") -> list:
+    """The `victim` requests sent while some `intruder` request was waiting
+    for its first token (its prompt queued or being prefilled)."""
+    windows = [(r.start, r.start + r.ttft) for r in records
+               if r.tag == intruder and r.ok and r.ttft is not None]
+    return [r for r in records if r.tag == victim and r.ok
+            and any(lo <= r.start < hi for lo, hi in windows)]

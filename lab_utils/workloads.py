@@ -7,15 +7,64 @@ is remote, so "a 512-token prefix" means 512 tokens to the engine.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .client import Client, Load, RequestSpec
 from .paths import DATASETS_DIR
+
+# --------------------------------------------------------------------------
+# A schedule: requests and when each is sent
+# --------------------------------------------------------------------------
+
+@dataclass
+class Schedule:
+    """Requests and their send times (s from the run start), sorted by time
+    (stable: requests due at the same moment keep their order). `load`
+    releases them (`Load.at`), so every arm that gets the same schedule
+    receives the same requests at the same moments."""
+    specs: list[RequestSpec]
+    offsets: list[float]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.specs) != len(self.offsets):
+            raise ValueError(f"{len(self.specs)} requests but {len(self.offsets)} offsets")
+        order = sorted(range(len(self.specs)), key=lambda i: self.offsets[i])
+        self.specs = [self.specs[i] for i in order]
+        self.offsets = [float(self.offsets[i]) for i in order]
+
+    @property
+    def load(self) -> Load:
+        return Load.at(self.offsets)
+
+    def count(self, tag: str) -> int:
+        return sum(s.tag == tag for s in self.specs)
+
+    def only(self, tag: str) -> Schedule:
+        """The requests of one class, at their own times."""
+        keep = [i for i, s in enumerate(self.specs) if s.tag == tag]
+        return Schedule([self.specs[i] for i in keep], [self.offsets[i] for i in keep],
+                        f"{self.description} ({tag} only)" if self.description else "")
+
+    def with_priority(self, by_tag: dict[str, int | None]) -> Schedule:
+        """The same requests with vLLM's `priority` field set per class (a tag
+        missing from `by_tag`, or None, leaves the field out)."""
+        return Schedule([dataclasses.replace(s, priority=by_tag.get(s.tag)) for s in self.specs],
+                        list(self.offsets), self.description)
+
+    def frame(self):
+        import pandas as pd
+        return pd.DataFrame({"arrival_s": self.offsets, "tag": [s.tag for s in self.specs],
+                             "max_tokens": [s.max_tokens for s in self.specs],
+                             "priority": [s.priority for s in self.specs]})
+
 
 # --------------------------------------------------------------------------
 # Datasets

@@ -24,3 +24,22 @@ def word_tokenizer() -> Tokenizer:
 
     return Tokenizer(encode, lambda ids: " ".join(words[i] for i in ids),
                      f"words-{next(_names)}")
+
+
+def timed_record(i, tag, start, ttft, e2e, itl=(), ok=True):
+    """A finished request with the times a run records (s; ITL gaps in s)."""
+    from lab_utils.client import RequestRecord
+    return RequestRecord(index=i, tag=tag, start=start, ttft=ttft, e2e=e2e, itl=list(itl),
+                         output_tokens=len(itl) + 1, ok=ok)
+
+
+#: Short requests and one long intruder on one clock (s), each case named.
+INTERFERENCE_RECORDS = [
+    timed_record(0, "short", start=0.0, ttft=0.1, e2e=1.0, itl=[0.05] * 18),  # done before it
+    timed_record(1, "short", start=1.0, ttft=0.1, e2e=5.0, itl=[0.05, 3.0, 0.05]),  # streaming
+    timed_record(2, "long", start=2.0, ttft=2.9, e2e=3.2, itl=[0.1, 0.1]),
+    timed_record(3, "short", start=2.5, ttft=2.6, e2e=3.0, itl=[0.05, 0.06]),  # mid-prefill
+    timed_record(4, "short", start=1.95, ttft=0.2, e2e=0.9, itl=[0.04]),  # 1st token after 2.0
+    timed_record(5, "short", start=6.0, ttft=0.1, e2e=1.0, itl=[0.05]),  # after everything
+]
+

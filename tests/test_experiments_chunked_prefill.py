@@ -6,16 +6,12 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from stand_ins import INTERFERENCE_RECORDS as RECORDS
 from stand_ins import word_tokenizer
 
-from lab_utils.client import Load, RequestRecord, Run
+from lab_utils.client import Load, Run
 from lab_utils.experiments import chunked_prefill as cp
 from lab_utils.profiles import check_known_options, load_profile
-
-
-def rec(i, tag, start, ttft, e2e, itl=(), ok=True):
-    return RequestRecord(index=i, tag=tag, start=start, ttft=ttft, e2e=e2e, itl=list(itl),
-                         output_tokens=len(itl) + 1, ok=ok)
 
 
 # --------------------------------------------------------------------------
@@ -59,7 +55,7 @@ def test_mixed_workload_follows_the_schedule(monkeypatch):
     monkeypatch.setattr(cp, "tokenizer_for", lambda engine: word_tokenizer())
     wl = cp.mixed_workload(None, n_short=5, short_rate=2.0, long_at=(1.0, 4.0),
                            long_prompt_tokens=300, short_output_tokens=16, seed=1)
-    assert wl.n_long == 2 and wl.n_short == 5 + 2
+    assert wl.count(cp.LONG) == 2 and wl.count(cp.SHORT) == 5 + 2
     sched = cp.mixed_schedule(5, 2.0, (1.0, 4.0), seed=1)
     assert [s.tag for s in wl.specs] == [tag for _, tag in sched]
     assert list(wl.load.offsets) == [t for t, _ in sched]
@@ -69,48 +65,6 @@ def test_mixed_workload_follows_the_schedule(monkeypatch):
     assert all(len(s.prompt.split()) == 300 for s in longs)
     assert longs[0].prompt != longs[1].prompt
     assert "300 prompt tokens" in wl.description
-
-
-# --------------------------------------------------------------------------
-# decode stall and blocked arrivals
-# --------------------------------------------------------------------------
-
-RECORDS = [
-    rec(0, "short", start=0.0, ttft=0.1, e2e=1.0, itl=[0.05] * 18),        # done before the long
-    rec(1, "short", start=1.0, ttft=0.1, e2e=5.0, itl=[0.05, 3.0, 0.05]),  # streaming at t=2
-    rec(2, "long", start=2.0, ttft=2.9, e2e=3.2, itl=[0.1, 0.1]),
-    rec(3, "short", start=2.5, ttft=2.6, e2e=3.0, itl=[0.05, 0.06]),      # arrived mid-prefill
-    rec(4, "short", start=1.95, ttft=0.2, e2e=0.9, itl=[0.04]),           # first token after 2.0
-    rec(5, "short", start=6.0, ttft=0.1, e2e=1.0, itl=[0.05]),            # after everything
-]
-
-
-def test_decoding_when_long_arrived_needs_first_token_before_and_last_after():
-    hit = cp.decoding_when_long_arrived(RECORDS)
-    assert [r.index for r in hit] == [1]
-
-
-def test_decode_stall_is_the_max_and_p99_of_those_gaps():
-    stall = cp.decode_stall(RECORDS)
-    assert stall["stalled_requests"] == 1
-    assert stall["stall_itl_ms_max"] == pytest.approx(3000.0)
-    assert 2900 < stall["stall_itl_ms_p99"] <= 3000.0
-    assert stall["stalled_e2e_ms_median"] == pytest.approx(5000.0)
-
-
-def test_decode_stall_without_streaming_requests_is_nan():
-    stall = cp.decode_stall([r for r in RECORDS if r.index != 1])
-    assert stall["stalled_requests"] == 0 and math.isnan(stall["stall_itl_ms_max"])
-
-
-def test_arrived_during_long_prefill():
-    assert [r.index for r in cp.arrived_during_long_prefill(RECORDS)] == [3]
-
-
-def test_failed_requests_are_ignored():
-    bad = [rec(1, "short", 1.0, None, None, ok=False), RECORDS[2]]
-    assert cp.decoding_when_long_arrived(bad) == []
-    assert cp.arrived_during_long_prefill(bad) == []
 
 
 # --------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from lab_utils.admission import BATCH, INTERACTIVE, ScheduledRun
 from lab_utils.client import RequestRecord, Run
 from lab_utils.experiments import priority_scheduling as pr
 from lab_utils.metrics import SLO
+from lab_utils.workloads import Schedule
 
 
 def test_peak_arrivals_are_seeded_sorted_and_inside_the_peak():
@@ -43,11 +44,11 @@ def test_mixed_workload_rejects_bad_lengths():
 
 
 def test_priorities_lower_is_interactive():
-    w = pr.mixed_workload().with_priorities()
+    w = pr.with_priorities(pr.mixed_workload())
     pri = {s.tag: s.priority for s in w.specs}
     assert pri[INTERACTIVE] < pri[BATCH]           # vLLM serves the lower value first
     assert w.specs[0].payload("m")["priority"] == pri[w.specs[0].tag]
-    none = pr.mixed_workload().with_priorities(None, None)
+    none = pr.with_priorities(pr.mixed_workload(), None, None)
     assert "priority" not in none.specs[0].payload("m")
 
 
@@ -66,7 +67,7 @@ def test_engine_flags_one_knob_each():
 
 
 def test_slot_demand():
-    w = pr.Workload([pr.RequestSpec(messages=[{"role": "user", "content": "x"}], tag=t)
+    w = Schedule([pr.RequestSpec(messages=[{"role": "user", "content": "x"}], tag=t)
                      for t in (BATCH, BATCH, INTERACTIVE)], [0.0, 0.0, 4.0])
     # 2 x 8 s + 1 x 2 s of work over 2 slots x 4 s
     assert pr.slot_demand(w, {BATCH: 8.0, INTERACTIVE: 2.0}, slots=2) == pytest.approx(18 / 8)

@@ -3,7 +3,10 @@ numbers worked out by hand."""
 import math
 
 import pytest
+from stand_ins import INTERFERENCE_RECORDS as RECORDS
+from stand_ins import timed_record
 
+from lab_utils import metrics as m
 from lab_utils.client import RequestRecord, Run
 from lab_utils.metrics import (
     SLO,
@@ -275,3 +278,44 @@ def test_per_token_gaps_average_to_tpot():
     r.ttft, r.e2e, r.output_tokens = 0.5, 1.0, 9
     gaps = token_gaps_ms(chunk_frame([r]))
     assert gaps.mean() == pytest.approx(r.tpot * 1e3)
+
+
+# --------------------------------------------------------------------------
+# Interference: decode stall and blocked arrivals (short requests, a long intruder)
+# --------------------------------------------------------------------------
+
+def test_streaming_when_sent_needs_first_token_before_and_last_after():
+    hit = m.streaming_when_sent(RECORDS)
+    assert [r.index for r in hit] == [1]
+
+
+def test_decode_stall_is_the_max_and_p99_of_those_gaps():
+    stall = m.decode_stall(RECORDS)
+    assert stall["stalled_requests"] == 1
+    assert stall["stall_itl_ms_max"] == pytest.approx(3000.0)
+    assert 2900 < stall["stall_itl_ms_p99"] <= 3000.0
+    assert stall["stalled_e2e_ms_median"] == pytest.approx(5000.0)
+
+
+def test_decode_stall_without_streaming_requests_is_nan():
+    stall = m.decode_stall([r for r in RECORDS if r.index != 1])
+    assert stall["stalled_requests"] == 0 and math.isnan(stall["stall_itl_ms_max"])
+
+
+def test_arrived_while_waiting():
+    assert [r.index for r in m.arrived_while_waiting(RECORDS)] == [3]
+
+
+def test_failed_requests_are_ignored():
+    bad = [timed_record(1, "short", 1.0, None, None, ok=False), RECORDS[2]]
+    assert m.streaming_when_sent(bad) == []
+    assert m.arrived_while_waiting(bad) == []
+
+
+def test_interference_of_other_tags():
+    """The classes are parameters: 'batch' requests intruding on 'chat' ones."""
+    renamed = [timed_record(r.index, {"short": "chat", "long": "batch"}[r.tag], r.start, r.ttft, r.e2e,
+                   r.itl) for r in RECORDS]
+    assert [r.index for r in m.streaming_when_sent(renamed, "chat", "batch")] == [1]
+    assert m.streaming_when_sent(renamed) == []                # no "short"/"long" here
+

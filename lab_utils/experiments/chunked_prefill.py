@@ -35,12 +35,16 @@ from ..capacity import Capacity, cache_path, measure_capacity
 from ..client import Client, Load, RequestRecord, RequestSpec, Run
 from ..counters import GaugeSampler
 from ..engine_steps import StepLog, parse_iteration_log, step_stats
+from ..figures.chunked_prefill import plot_steps, plot_sweep
 from ..host import host_load
+from ..metrics import arrived_while_waiting, decode_stall
 from ..results import Results, measure
 from ..vllm_code import vllm_source
-from ..workloads import chat_specs, synthetic_specs, tokenizer_for
+from ..workloads import Schedule, chat_specs, synthetic_specs, tokenizer_for
 
 SHORT, LONG = "short", "long"
+#: Prompt tokens of a long request unless the notebook says otherwise.
+LONG_PROMPT_TOKENS = 1536
 
 # Every call draws new long-prompt text, so the prefix cache (on by default in
 # V1) never serves a long prompt from an earlier arm and hides its prefill.
@@ -70,27 +74,11 @@ def mixed_schedule(n_short: int, short_rate: float, long_at: Sequence[float], *,
     return sorted(events, key=lambda e: (e[0], e[1] == LONG))
 
 
-@dataclass
-class Workload:
-    """The requests of one arm and the `Load.at` schedule that releases them."""
-    specs: list[RequestSpec]
-    load: Load
-    long_prompt_tokens: int
-    description: str
-
-    @property
-    def n_long(self) -> int:
-        return sum(s.tag == LONG for s in self.specs)
-
-    @property
-    def n_short(self) -> int:
-        return sum(s.tag == SHORT for s in self.specs)
-
-
 def mixed_workload(engine, *, n_short: int = 12, short_rate: float = 1.5,
-                   long_at: Sequence[float] = (1.5, 6.0, 10.5), long_prompt_tokens: int = 1536,
+                   long_at: Sequence[float] = (1.5, 6.0, 10.5),
+                   long_prompt_tokens: int = LONG_PROMPT_TOKENS,
                    short_output_tokens: int = 32, long_output_tokens: int = 8,
-                   seed: int = 0) -> Workload:
+                   seed: int = 0) -> Schedule:
     """Short chat requests (chat_questions.jsonl, exactly `short_output_tokens`
     output tokens each) and long completions requests of exactly
     `long_prompt_tokens` prompt tokens (fresh text every call), on the
@@ -107,7 +95,7 @@ def mixed_workload(engine, *, n_short: int = 12, short_rate: float = 1.5,
     desc = (f"{n_s} short chat requests ({short_rate:g}/s Poisson, seed {seed}, "
             f"{short_output_tokens} output tokens) + {n_l} long requests of "
             f"{long_prompt_tokens} prompt tokens at {list(long_at)} s")
-    return Workload(specs, Load.at([t for t, _ in schedule]), int(long_prompt_tokens), desc)
+    return Schedule(specs, [t for t, _ in schedule], desc)
 
 
 # --------------------------------------------------------------------------
@@ -208,8 +196,8 @@ def measure_load(ctx, engine, *, short_output_tokens: int, long_prompt_tokens: i
 
 def load_for(ctx, *, short_load: float, long_requests: int, long_spacing: float,
              short_rate: float = 0.0, long_at: Sequence[float] = (), n_short: int = 0,
-             short_output_tokens: int = 32, long_prompt_tokens: int = 1536, seed: int = 0,
-             budget_s: float = 60.0, progress: bool = True) -> PlacedLoad:
+             short_output_tokens: int = 32, long_prompt_tokens: int = LONG_PROMPT_TOKENS,
+             seed: int = 0, budget_s: float = 60.0, progress: bool = True) -> PlacedLoad:
     """The notebook's load: measured on the plan's first arm the target can
     serve (the off arm on a local profile; the sweep then reuses that engine)
     unless every value is given explicitly. Recorded in the results."""
@@ -232,48 +220,6 @@ def load_for(ctx, *, short_load: float, long_requests: int, long_spacing: float,
                                 "described": placed.describe()}
     ctx.results.save()
     return placed
-
-
-# --------------------------------------------------------------------------
-# Pure measures of one run
-# --------------------------------------------------------------------------
-
-def decoding_when_long_arrived(records: Sequence[RequestRecord]) -> list[RequestRecord]:
-    """Short requests that had their first token but not their last when some
-    long request was sent (all `start`s of one run share one clock)."""
-    longs = [r.start for r in records if r.tag == LONG]
-    out = []
-    for r in records:
-        if r.tag != SHORT or not r.ok or r.ttft is None or r.e2e is None:
-            continue
-        first, last = r.start + r.ttft, r.start + r.e2e
-        if any(first <= t < last for t in longs):
-            out.append(r)
-    return out
-
-
-def decode_stall(records: Sequence[RequestRecord]) -> dict[str, float]:
-    """Inter-token gaps (ms) of the short requests that were streaming when a
-    long prompt arrived: their max and p99 (pooled), how many there were, and
-    their median E2E (chunking spreads the prefill's cost over their stream
-    instead of freezing it, so their E2E still grows)."""
-    hit = decoding_when_long_arrived(records)
-    gaps = np.array([g for r in hit for g in r.itl], dtype=float) * 1e3
-    e2e = _pct([r.e2e * 1e3 for r in hit], 50)
-    if gaps.size == 0:
-        return {"stalled_requests": len(hit), "stall_itl_ms_max": math.nan,
-                "stall_itl_ms_p99": math.nan, "stalled_e2e_ms_median": e2e}
-    return {"stalled_requests": len(hit), "stall_itl_ms_max": float(gaps.max()),
-            "stall_itl_ms_p99": float(np.percentile(gaps, 99)), "stalled_e2e_ms_median": e2e}
-
-
-def arrived_during_long_prefill(records: Sequence[RequestRecord]) -> list[RequestRecord]:
-    """Short requests sent while some long request was waiting for its first
-    token (its prompt queued or being prefilled)."""
-    windows = [(r.start, r.start + r.ttft) for r in records
-               if r.tag == LONG and r.ok and r.ttft is not None]
-    return [r for r in records if r.tag == SHORT and r.ok
-            and any(lo <= r.start < hi for lo, hi in windows)]
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -420,8 +366,8 @@ def arm_row(arm: ArmRun) -> dict[str, Any]:
             "long_ttft_ms_median": _pct([r.ttft * 1e3 for r in long], 50),
             "long_ttft_ms_max": _pct([r.ttft * 1e3 for r in long], 100),
             "blocked_short_ttft_ms_median": _pct(
-                [r.ttft * 1e3 for r in arrived_during_long_prefill(arm.records)], 50),
-            **decode_stall(arm.records),
+                [r.ttft * 1e3 for r in arrived_while_waiting(arm.records, SHORT, LONG)], 50),
+            **decode_stall(arm.records, SHORT, LONG),
             "short_itl_ms_p50": _pct([g * 1e3 for r in short for g in r.itl], 50),
             "output_tok_s": out_tokens / arm.run.duration_s if arm.run.duration_s else math.nan,
             "duration_s": arm.run.duration_s,
@@ -463,12 +409,12 @@ def _warm_up(engine, long_prompt_tokens: int = 0) -> None:
     Client.for_engine(engine).run(warm, Load.sequential(), progress=False)
 
 
-def run_arm(engine, workload: Workload, arm: arms.Arm, *, results: Results | None = None,
-            progress: bool = True) -> ArmRun:
+def run_arm(engine, workload: Schedule, arm: arms.Arm, *, long_prompt_tokens: int = 0,
+            results: Results | None = None, progress: bool = True) -> ArmRun:
     """Send the workload once on `engine`, the engine of `arm`; keep the
     counter deltas (in `run.counters`) and the engine steps the server logged
     meanwhile."""
-    _warm_up(engine, workload.long_prompt_tokens if workload.n_long else 0)
+    _warm_up(engine, long_prompt_tokens if workload.count(LONG) else 0)
     log = StepLog(engine).start()
     load_before = host_load()
     with GaugeSampler(engine, interval_s=0.25) as gauges:
@@ -492,9 +438,11 @@ def chunked_prefill_sweep(ctx, names: Sequence[str] | None = None, *, progress: 
     arm of the notebook's plan (or the arms `names`), one engine at a time, in
     the plan's order. An arm the target cannot serve is skipped with a note
     (`ctx.arm`). Returns the table (one row per arm) and {arm: ArmRun}."""
+    long_tokens = workload_kw.get("long_prompt_tokens", LONG_PROMPT_TOKENS)
+
     def one(arm: arms.Arm, engine) -> ArmRun:
         return run_arm(engine, mixed_workload(engine, **workload_kw), arm, results=ctx.results,
-                       progress=progress)
+                       long_prompt_tokens=long_tokens, progress=progress)
     runs = arms.run(ctx, names or ctx.plan.names, one)
     return sweep_table(runs), runs
 
@@ -512,6 +460,7 @@ def explore_arm(ctx, budget: int, threshold: int = 0, **workload_kw: Any) -> pd.
     if engine is None:
         return sweep_table({})
     run = run_arm(engine, mixed_workload(engine, **workload_kw), declared or a,
+                  long_prompt_tokens=workload_kw.get("long_prompt_tokens", LONG_PROMPT_TOKENS),
                   results=ctx.results)
     return sweep_table({a.name: run})[SUMMARY_COLUMNS + MECHANISM_COLUMNS].astype(float).T
 
@@ -638,75 +587,10 @@ MECHANISM_COLUMNS = ["max_prefill_tokens_per_step", "max_step_ms", "prefill_step
 # Reading the installed vLLM's source (without importing vLLM)
 # --------------------------------------------------------------------------
 
-# --------------------------------------------------------------------------
-# Figures
-# --------------------------------------------------------------------------
-
-def plot_sweep(table: pd.DataFrame, title: str = "Chunked prefill: what the token budget trades"):
-    """Three panels against max_num_batched_tokens (log2 axis): decode stall,
-    short-request TTFT p99, long-request TTFT. Chunked-on arms are a line, the
-    chunked-off arm a dashed level, a long-prefill-threshold arm a star."""
-    import matplotlib.pyplot as plt
-    panels = [("stall_itl_ms_max", "max ITL of streaming short requests (ms)", "Decode stall"),
-              ("short_ttft_ms_p99", "short-request TTFT p99 (ms)", "Short requests: TTFT p99"),
-              ("long_ttft_ms_median", "long-request TTFT median (ms)", "Long requests: TTFT")]
-    thr = table.get("long_prefill_token_threshold", pd.Series(0, index=table.index)).fillna(0)
-    on = table[table.chunked_prefill & (thr == 0)].sort_values("max_num_batched_tokens")
-    capped = table[table.chunked_prefill & (thr > 0)]
-    off = table[~table.chunked_prefill]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for ax, (col, ylabel, name) in zip(axes, panels):
-        if len(on):
-            ax.plot(on.max_num_batched_tokens, on[col], marker="o", label="chunked prefill on")
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(list(on.max_num_batched_tokens))
-            ax.set_xticklabels([str(int(b)) for b in on.max_num_batched_tokens])
-        for _, row in capped.iterrows():
-            ax.plot([row.max_num_batched_tokens], [row[col]], marker="*", markersize=14,
-                    linestyle="none", color="tab:green",
-                    label=f"on + long-prefill threshold {row.long_prefill_token_threshold:g}")
-        for _, row in off.iterrows():
-            ax.axhline(row[col], color="tab:red", linestyle="--",
-                       label=f"chunked prefill off (budget {row.max_num_batched_tokens:g})")
-        ax.set_xlabel("max_num_batched_tokens (tokens per engine step)")
-        ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0)
-        ax.set_title(name)
-        ax.legend(fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-def plot_steps(runs: Mapping[str, ArmRun], labels: Sequence[str] | None = None,
-               title: str = "Engine steps: how long each one took"):
-    """Every engine step of the chosen arms (from the server's step log): its
-    duration against its number in the run, prefill steps marked."""
-    import matplotlib.pyplot as plt
-    labels = [lb for lb in (labels or list(runs)) if lb in runs and not runs[lb].steps.empty]
-    if not labels:
-        raise ValueError("no engine steps to draw (the step log is read from local servers only)")
-    fig, ax = plt.subplots(figsize=(9, 4))
-    for i, label in enumerate(labels):
-        st = runs[label].steps.reset_index(drop=True)
-        color = f"C{i}"
-        ax.plot(st.index, st.elapsed_ms, color=color, linewidth=0.8, label=f"{label}: every step")
-        pre = st[st.ctx_tokens > 0]
-        ax.scatter(pre.index, pre.elapsed_ms, color=color, s=18, marker="o",
-                   label=f"{label}: steps with prefill tokens")
-    ax.set_yscale("log")
-    ax.set_xlabel("engine step (in order, this run)")
-    ax.set_ylabel("step time (ms, log scale)")
-    ax.legend(fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-__all__ = ["ArmRun", "MECHANISM_COLUMNS", "PlacedLoad", "SUMMARY_COLUMNS", "StepLog", "Workload",
+__all__ = ["ArmRun", "MECHANISM_COLUMNS", "PlacedLoad", "SUMMARY_COLUMNS", "StepLog",
            "arm_flags", "load_for", "measure_load", "place_load",
-           "arm_label", "arm_notes", "arm_row", "arrived_during_long_prefill",
-           "chunked_prefill_sweep", "decode_stall", "decoding_when_long_arrived", "explore_arm",
+           "arm_label", "arm_notes", "arm_row",
+           "chunked_prefill_sweep", "explore_arm",
            "findings", "headline_arms", "headline_rows", "mixed_schedule", "mixed_workload",
            "parse_iteration_log", "plan", "plot_steps", "plot_sweep", "run_arm", "step_stats",
            "sweep_arm", "sweep_plan", "sweep_table", "this_run", "vllm_source"]

@@ -22,7 +22,6 @@ running gauges (sampled every `sample_every_s`) and the preemption counter.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
@@ -41,12 +40,13 @@ from ..admission import (
 from ..capacity import Capacity, cache_path, measure_capacity
 from ..client import Client, RequestSpec, run_sync
 from ..counters import GaugeSampler, delta, scrape
+from ..figures.priority_scheduling import plot_queue, plot_timelines
 from ..metrics import SLO, summarize
 from ..arms import Arm as EngineArm
 from ..arms import Plan
 from ..results import Results
 from ..vllm_code import vllm_source
-from ..workloads import WARM_UP_RAMP, chat, chat_questions, warm_up
+from ..workloads import WARM_UP_RAMP, Schedule, chat, chat_questions, warm_up
 
 #: vLLM serves the LOWER priority value first.
 INTERACTIVE_PRIORITY, BATCH_PRIORITY = 0, 1
@@ -57,37 +57,6 @@ BATCH_PROMPT = ("Write a detailed report of several paragraphs that answers this
 # --------------------------------------------------------------------------
 # The workload
 # --------------------------------------------------------------------------
-
-@dataclass
-class Workload:
-    """Requests and their arrival offsets (s), sorted by arrival."""
-    specs: list[RequestSpec]
-    offsets: list[float]
-
-    def __post_init__(self) -> None:
-        if len(self.specs) != len(self.offsets):
-            raise ValueError(f"{len(self.specs)} requests but {len(self.offsets)} offsets")
-        order = sorted(range(len(self.specs)), key=lambda i: self.offsets[i])
-        self.specs = [self.specs[i] for i in order]
-        self.offsets = [float(self.offsets[i]) for i in order]
-
-    def only(self, tag: str) -> Workload:
-        keep = [i for i, s in enumerate(self.specs) if s.tag == tag]
-        return Workload([self.specs[i] for i in keep], [self.offsets[i] for i in keep])
-
-    def with_priorities(self, interactive: int | None = INTERACTIVE_PRIORITY,
-                        batch: int | None = BATCH_PRIORITY) -> Workload:
-        """The same requests with vLLM's `priority` field set per class
-        (None leaves the field out of the request)."""
-        pri = {INTERACTIVE: interactive, BATCH: batch}
-        return Workload([dataclasses.replace(s, priority=pri.get(s.tag)) for s in self.specs],
-                        list(self.offsets))
-
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame({"arrival_s": self.offsets, "tag": [s.tag for s in self.specs],
-                             "max_tokens": [s.max_tokens for s in self.specs],
-                             "priority": [s.priority for s in self.specs]})
-
 
 def peak_arrivals(n: int, peak_s: float, seed: int = 0) -> list[float]:
     """`n` arrival times of a Poisson process observed during a peak of
@@ -104,7 +73,7 @@ def peak_arrivals(n: int, peak_s: float, seed: int = 0) -> list[float]:
 def mixed_workload(*, interactive: int = 12, peak_s: float = 8.0,
                    interactive_tokens: tuple[int, int] = (16, 32), batch: int = 8,
                    batch_tokens: int = 96, batch_at_s: float = 1.0, batch_spread_s: float = 0.5,
-                   seed: int = 0) -> Workload:
+                   seed: int = 0) -> Schedule:
     """`interactive` short chat requests arriving at random (Poisson) during a
     peak of `peak_s` seconds, and a batch job of `batch` long requests
     submitted between `batch_at_s` and `batch_at_s + batch_spread_s`, during
@@ -130,10 +99,16 @@ def mixed_workload(*, interactive: int = 12, peak_s: float = 8.0,
                                  max_tokens=rng.randint(lo, hi), tag=INTERACTIVE,
                                  ignore_eos=True))
         offsets.append(at)
-    return Workload(specs, offsets)
+    return Schedule(specs, offsets)
 
 
-def slot_demand(workload: Workload, service_s: dict[str, float], slots: int,
+def with_priorities(workload: Schedule, interactive: int | None = INTERACTIVE_PRIORITY,
+                    batch: int | None = BATCH_PRIORITY) -> Schedule:
+    """The same requests with vLLM's `priority` per class (lower is served first)."""
+    return workload.with_priority({INTERACTIVE: interactive, BATCH: batch})
+
+
+def slot_demand(workload: Schedule, service_s: dict[str, float], slots: int,
                 window_s: float | None = None) -> float:
     """Offered load: slot-seconds of work the requests arriving in the first
     `window_s` s ask for, over the slot-seconds available (> 1 = a queue must
@@ -253,7 +228,7 @@ class Arm:
         return self.scheduled.frame().assign(arm=self.label)
 
 
-def run_arm(engine, workload: Workload, *, label: str, policy=None,
+def run_arm(engine, workload: Schedule, *, label: str, policy=None,
             results: Results | None = None, slo: SLO | None = None,
             sample_every_s: float = 0.5) -> Arm:
     """Send `workload` to `engine` (through `policy`, if given), sample the
@@ -374,7 +349,7 @@ def warm_engine(ctx, name: str):
     return engine
 
 
-def fcfs_arm(ctx, workload: Workload, *, label: str, policy=None,
+def fcfs_arm(ctx, workload: Schedule, *, label: str, policy=None,
              slo: SLO | None = None) -> dict[str, Arm]:
     """One arm on the FCFS engine (started once, reused for every FCFS arm):
     `workload` sent at its arrival times, through `policy` if given."""
@@ -385,7 +360,7 @@ def fcfs_arm(ctx, workload: Workload, *, label: str, policy=None,
                            slo=slo)}
 
 
-def priority_arm(ctx, workload: Workload, *, slo: SLO | None = None,
+def priority_arm(ctx, workload: Schedule, *, slo: SLO | None = None,
                  interactive_priority: int = INTERACTIVE_PRIORITY,
                  batch_priority: int = BATCH_PRIORITY, control: bool = True) -> dict[str, Arm]:
     """On the priority engine: the same workload with per-class `priority`
@@ -398,9 +373,9 @@ def priority_arm(ctx, workload: Workload, *, slo: SLO | None = None,
         return {}
     out = {}
     if control:
-        out["equal priority"] = run_arm(engine, workload.with_priorities(0, 0),
+        out["equal priority"] = run_arm(engine, with_priorities(workload, 0, 0),
                                         label="equal priority", results=ctx.results, slo=slo)
-    w = workload.with_priorities(interactive_priority, batch_priority)
+    w = with_priorities(workload, interactive_priority, batch_priority)
     out["priority"] = run_arm(engine, w, label="priority", results=ctx.results, slo=slo)
     return out
 
@@ -420,7 +395,7 @@ def explore(ctx, *, max_num_seqs: int, batch: int, batch_tokens: int, interactiv
         return pd.DataFrame({"skipped": ["this engine cannot run on the target"]})
     warm_up(engine, **WARM_UP_RAMP, once=True)
     if policy == "priority":
-        w = w.with_priorities()
+        w = with_priorities(w)
     pol = OffPeakAdmission(window_s=window_s) if policy == "admission" else None
     arm = run_arm(engine, w, label=f"explore {policy}", policy=pol, slo=slo)
     return compare({policy: arm}, slo).T
@@ -466,65 +441,6 @@ def findings(arms: dict[str, Arm], table: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
-# --------------------------------------------------------------------------
-# Figures
-# --------------------------------------------------------------------------
-
-def plot_timelines(arms: dict[str, Arm], title: str = "Requests over time, per arm"):
-    """One panel per arm: a bar per request from arrival: held by the client
-    (hatched), waiting for its first token (light), decoding (solid)."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-    colors = {INTERACTIVE: "tab:blue", BATCH: "tab:orange"}
-    fig, axes = plt.subplots(1, len(arms), figsize=(4.6 * len(arms), 4.6), sharex=True,
-                             squeeze=False)
-    for ax, (label, arm) in zip(axes[0], arms.items()):
-        f = arm.frame().sort_values(["tag", "arrival_s"], ascending=[False, True])
-        f = f[f.ok].reset_index(drop=True)
-        for y, r in f.iterrows():
-            c = colors.get(r.tag, "grey")
-            send = r.arrival_s + r.held_s
-            if r.held_s > 0.05:
-                ax.barh(y, r.held_s, left=r.arrival_s, color="none", edgecolor=c, hatch="///",
-                        linewidth=0.5)
-            ax.barh(y, r.ttft_ms / 1e3, left=send, color=c, alpha=0.3, edgecolor="none")
-            ax.barh(y, (r.e2e_ms - r.ttft_ms) / 1e3, left=send + r.ttft_ms / 1e3, color=c,
-                    edgecolor="none")
-        ax.set_title(label)
-        ax.set_xlabel("time since arm start (s)")
-        ax.set_yticks([])
-        ax.invert_yaxis()
-    axes[0][0].set_ylabel("requests by arrival (interactive above, batch below)")
-    handles = [Patch(facecolor="none", edgecolor="grey", hatch="///", label="held by client"),
-               *(Patch(color=c, alpha=0.3, label=f"{t}: waiting for 1st token")
-                 for t, c in colors.items()),
-               *(Patch(color=c, label=f"{t}: decoding") for t, c in colors.items())]
-    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize="small",
-               bbox_to_anchor=(0.5, -0.02))
-    fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    return fig
-
-
-def plot_queue(arms: dict[str, Arm], title: str = "vLLM's queue during each arm (/metrics)"):
-    """Sampled `vllm:num_requests_waiting` and `..._running`, one line per arm."""
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharex=True)
-    for label, arm in arms.items():
-        g = arm.gauges
-        if len(g):
-            axes[0].plot(g.t_s, g.requests_running, drawstyle="steps-post", label=label)
-            axes[1].plot(g.t_s, g.requests_waiting, drawstyle="steps-post", label=label)
-    for ax, what in zip(axes, ("running (in a batch slot)", "waiting (queued in vLLM)")):
-        ax.set_xlabel("time since arm start (s)")
-        ax.set_ylabel(f"requests {what}")
-        ax.set_title(what)
-        ax.legend(fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
 __all__ = [
     "BATCH",
     "BATCH_PRIORITY",
@@ -536,7 +452,6 @@ __all__ = [
     "Arm",
     "PeakLoad",
     "WINDOW_GAPS",
-    "Workload",
     "arm_row",
     "capacity_concurrency",
     "class_summaries",
@@ -546,6 +461,7 @@ __all__ = [
     "fcfs_arm",
     "findings",
     "mixed_workload",
+    "with_priorities",
     "peak_for",
     "place_peak",
     "plan",

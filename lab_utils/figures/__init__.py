@@ -14,3 +14,12 @@ def pyplot():
 
     from .. import plots  # noqa: F401  (the lab's figure theme)
     return plt, sns
+
+
+def titled(fig, title: str, **layout):
+    """`fig` with its title and a tight layout (`layout`: tight_layout's
+    arguments), returned for the notebook to show."""
+    fig.suptitle(title)
+    fig.tight_layout(**layout)
+    return fig
+

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from . import pyplot
+from . import pyplot, titled
 
 
 def plot_ttft(frame: pd.DataFrame, title: str = "TTFT per arm and concurrency"):
@@ -20,9 +20,7 @@ def plot_ttft(frame: pd.DataFrame, title: str = "TTFT per arm and concurrency"):
         ax.set_xlabel("requests in flight (concurrency)")
         ax.set_ylabel("TTFT (ms)")
         ax.legend(title="arm", fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return titled(fig, title)
 
 
 def plot_remote(frame: pd.DataFrame, title: str = "TTFT against the round-trip time"):
@@ -43,9 +41,7 @@ def plot_remote(frame: pd.DataFrame, title: str = "TTFT against the round-trip t
     axes[1].set_title("what reuse saves: TCP + TLS set-up")
     for ax in axes:
         ax.set_xlabel("emulated round-trip time to the server (ms)")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return titled(fig, title)
 
 
 __all__ = ["plot_remote", "plot_ttft"]

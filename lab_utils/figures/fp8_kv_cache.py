@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import pyplot
+from . import pyplot, titled
 
 
 def plot_latencies(frame: pd.DataFrame, title: str):
@@ -69,9 +69,7 @@ def plot_pressure(gauges: pd.DataFrame, title: str = "Requests running and waiti
         bottom.set_xlabel("time since the run started (s)")
         bottom.set_ylabel("KV-cache usage (%)")
         bottom.legend(fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return titled(fig, title)
 
 
 def plot_logprobs(result, baseline: str = "auto",
@@ -98,9 +96,7 @@ def plot_logprobs(result, baseline: str = "auto",
     right.set_xlabel("token position in the text")
     right.set_ylabel("|log-prob difference| (nats)")
     right.legend(fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return titled(fig, title)
 
 
 __all__ = ["plot_capacity", "plot_latencies", "plot_logprobs", "plot_pressure"]

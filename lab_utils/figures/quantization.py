@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from . import pyplot
+from . import pyplot, titled
 
 
 def plot_latency(latency: pd.DataFrame, title: str = "TTFT and TPOT per arm"):
@@ -31,9 +31,7 @@ def plot_speed_vs_quality(summary: pd.DataFrame,
     ax.set_ylabel("perplexity of the fixed text, lower is better")
     ax.margins(x=0.15, y=0.1)
     ax.legend(title="arm", fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return titled(fig, title)
 
 
 __all__ = ["plot_latency", "plot_speed_vs_quality"]

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ..metrics import token_gaps_ms
-from . import pyplot
+from . import pyplot, titled
 
 
 def plot_tpot(requests: pd.DataFrame, title: str = "TPOT per request, by workload and load"):
@@ -83,9 +83,7 @@ def plot_acceptance(runs: pd.DataFrame, title: str = "Acceptance by draft positi
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize="x-small", title="arm and run", loc="upper left",
               bbox_to_anchor=(1.01, 1))
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return titled(fig, title)
 
 
 __all__ = ["plot_acceptance", "plot_chunk_vs_token", "plot_tpot"]

@@ -10,19 +10,13 @@ from typing import Any
 import pandas as pd
 
 from ..perceived import READING_WPM, reader_times, reading_schedule, word_arrival_times
-from . import pyplot
+from . import pyplot, titled
 
 
 def _figure():
     """One figure and axes, 7.5 x 4 in, in the lab's theme."""
     plt, _ = pyplot()
     return plt.subplots(figsize=(7.5, 4))
-
-
-def _titled(fig, title: str):
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
 
 
 def plot_perceived_by_length(by_length: pd.DataFrame, claim_pct: float = -80.0,
@@ -35,7 +29,7 @@ def plot_perceived_by_length(by_length: pd.DataFrame, claim_pct: float = -80.0,
     ax.set_xlabel("answer length (output tokens)")
     ax.set_ylabel("first visible content vs whole answer (%)")
     ax.legend(title="arm (median, 80% band)")
-    return _titled(fig, title)
+    return titled(fig, title)
 
 
 def plot_reading(result, index: int = 0, target: str = "direct",
@@ -62,7 +56,7 @@ def plot_reading(result, index: int = 0, target: str = "direct",
     ax.set_xlabel("time since request sent (s)")
     ax.set_ylabel("words")
     ax.legend(fontsize="small")
-    return _titled(fig, title)
+    return titled(fig, title)
 
 
 def plot_disconnect(timeline: pd.DataFrame, summary: dict[str, Any],
@@ -83,7 +77,7 @@ def plot_disconnect(timeline: pd.DataFrame, summary: dict[str, Any],
     handles = ax.get_legend_handles_labels()
     more = right.get_legend_handles_labels()
     ax.legend(handles[0] + more[0], handles[1] + more[1], loc="center right", fontsize="small")
-    return _titled(fig, title)
+    return titled(fig, title)
 
 
 def plot_token_arrivals(result,
@@ -106,7 +100,7 @@ def plot_token_arrivals(result,
     ax.set_xlabel("time since request sent (s)")
     ax.set_ylabel("output tokens received")
     ax.legend(title="arm (one line per request)", fontsize="small")
-    return _titled(fig, title)
+    return titled(fig, title)
 
 
 __all__ = ["plot_disconnect", "plot_perceived_by_length", "plot_reading", "plot_token_arrivals"]
