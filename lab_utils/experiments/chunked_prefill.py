@@ -170,46 +170,38 @@ def place_load(short: Capacity | None, long_solo_s: float | None, *, short_load:
     return PlacedLoad(float(f"{rate:.3g}"), times, n, short, long_solo_s)
 
 
-def measure_load(ctx, engine, *, short_output_tokens: int, long_prompt_tokens: int,
-                 long_output_tokens: int = 8, seed: int = 0, budget_s: float = 60.0,
-                 progress: bool = True) -> tuple[Capacity, Capacity]:
-    """The two measurements `place_load` needs, on `engine` (cached in the
-    run's results, `lab_utils.capacity`), after one unmeasured request of each
-    shape: the short requests' capacity (one at a time, then 8 in flight) and
-    a long request's latency alone (three one at a time, then one more)."""
-    cache, results = cache_path(ctx.results), ctx.results
-    _warm_up(engine, long_prompt_tokens)
-    short = measure_capacity(
-        engine, lambda n, s: chat_specs(n, max_tokens=short_output_tokens, seed=seed + s,
-                                        tag=SHORT, ignore_eos=True),
-        workload=f"01 short chat requests, {short_output_tokens} output tokens",
-        budget_s=budget_s, cache=cache, results=results, progress=progress)
-    tok = tokenizer_for(engine)
-    long = measure_capacity(
-        engine, lambda n, s: synthetic_specs(tok, n, int(long_prompt_tokens),
-                                             max_tokens=long_output_tokens, tag=LONG,
-                                             seed=next(_fresh) * 7919 + s),
-        workload=f"01 long prompt, {long_prompt_tokens} tokens", sequential=3, requests=1,
-        concurrency=1, budget_s=budget_s, cache=cache, results=results, progress=progress)
-    return short, long
-
-
 def load_for(ctx, *, short_load: float, long_requests: int, long_spacing: float,
              short_rate: float = 0.0, long_at: Sequence[float] = (), n_short: int = 0,
              short_output_tokens: int = 32, long_prompt_tokens: int = LONG_PROMPT_TOKENS,
-             seed: int = 0, budget_s: float = 60.0, progress: bool = True) -> PlacedLoad:
-    """The notebook's load: measured on the plan's first arm the target can
-    serve (the off arm on a local profile; the sweep then reuses that engine)
-    unless every value is given explicitly. Recorded in the results."""
+             long_output_tokens: int = 8, seed: int = 0, budget_s: float = 60.0,
+             progress: bool = True) -> PlacedLoad:
+    """The notebook's load (`place_load`), recorded in the results. Unless
+    every value is given explicitly, it is measured first on the plan's first
+    arm the target can serve (the off arm on a local profile; the sweep then
+    reuses that engine), after one unmeasured request of each shape, and
+    cached in the run's results (`lab_utils.capacity`): the short requests'
+    capacity (one at a time, then 8 in flight) and a long request's latency
+    alone (three one at a time, then one more)."""
     short = long = None
     if not (short_rate > 0 and (long_at or long_requests == 0)):
         engine = next((e for e in map(ctx.arm, ctx.plan.names) if e is not None), None)
         if engine is None:
             raise RuntimeError("no arm of the plan can run here, so no capacity to place "
                                "the load from (see the skipped arms above)")
-        short, long = measure_load(ctx, engine, short_output_tokens=short_output_tokens,
-                                   long_prompt_tokens=long_prompt_tokens, seed=seed,
-                                   budget_s=budget_s, progress=progress)
+        _warm_up(engine, long_prompt_tokens)
+        common = dict(budget_s=budget_s, cache=cache_path(ctx.results), results=ctx.results,
+                      progress=progress)
+        short = measure_capacity(
+            engine, lambda n, s: chat_specs(n, max_tokens=short_output_tokens, seed=seed + s,
+                                            tag=SHORT, ignore_eos=True),
+            workload=f"01 short chat requests, {short_output_tokens} output tokens", **common)
+        tok = tokenizer_for(engine)
+        long = measure_capacity(
+            engine, lambda n, s: synthetic_specs(tok, n, int(long_prompt_tokens),
+                                                 max_tokens=long_output_tokens, tag=LONG,
+                                                 seed=next(_fresh) * 7919 + s),
+            workload=f"01 long prompt, {long_prompt_tokens} tokens", sequential=3, requests=1,
+            concurrency=1, **common)
     placed = place_load(short, long.sync_e2e_s if long else None, short_load=short_load,
                         long_requests=long_requests, long_spacing=long_spacing,
                         short_rate=short_rate, long_at=long_at, n_short=n_short)
@@ -588,7 +580,7 @@ MECHANISM_COLUMNS = ["max_prefill_tokens_per_step", "max_step_ms", "prefill_step
 # --------------------------------------------------------------------------
 
 __all__ = ["ArmRun", "MECHANISM_COLUMNS", "PlacedLoad", "SUMMARY_COLUMNS", "StepLog",
-           "arm_flags", "load_for", "measure_load", "place_load",
+           "arm_flags", "load_for", "place_load",
            "arm_label", "arm_notes", "arm_row",
            "chunked_prefill_sweep", "explore_arm",
            "findings", "headline_arms", "headline_rows", "mixed_schedule", "mixed_workload",
