@@ -41,6 +41,7 @@ class RequestSpec:
     ignore_eos: bool = False           # vLLM extension: generate exactly max_tokens
     priority: int | None = None        # vLLM extension (--scheduling-policy priority)
     extra: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # e.g. a router's session key
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -247,7 +248,7 @@ class Client:
         st = rec.start = time.perf_counter()
         last = st
         try:
-            async with session.post(url, json=body) as resp:
+            async with session.post(url, json=body, headers=spec.headers or None) as resp:
                 rec.status = resp.status
                 if resp.status != 200:
                     rec.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"

@@ -76,6 +76,10 @@ class FakeOpenAI:
             app = web.Application()
             app.router.add_post("/v1/chat/completions", self._handle)
             app.router.add_post("/v1/completions", self._handle)
+            app.router.add_get("/health", self._health)
+            app.router.add_get("/v1/models", self._models)
+            app.router.add_post("/v1/chat/completions/render", self._render)
+            app.router.add_post("/v1/completions/render", self._render)
             self._runner = web.AppRunner(app, shutdown_timeout=1.0, handler_cancellation=True,
                                          access_log=None)
             self._loop.run_until_complete(self._runner.setup())
@@ -100,6 +104,20 @@ class FakeOpenAI:
             self._thread.join(10)
 
     # -- handlers --------------------------------------------------------------
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")  # vLLM answers 200 with an empty body
+
+    async def _render(self, request: web.Request) -> web.Response:
+        """vLLM's render endpoints (a router asks them for a request's token
+        ids): here one "token" per byte of the prompt or the messages' text."""
+        body = await request.json()
+        text = body.get("prompt") or "".join(m.get("content") or "" for m in body.get("messages", []))
+        rendered = {"request_id": "render", "token_ids": list(text.encode()) or [0]}
+        return web.json_response(rendered if "messages" in body else [rendered])
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "chat", "object": "model"}]})
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append({"path": request.path, "body": body, "time": time.perf_counter(),
