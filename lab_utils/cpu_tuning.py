@@ -56,6 +56,26 @@ def all_cores() -> str:
     return ",".join(map(str, cpus))
 
 
+def core_shares(n: int, cpus: list[int] | None = None) -> list[str]:
+    """This process's CPUs split into `n` contiguous shares, one
+    VLLM_CPU_OMP_THREADS_BIND list each ("0", "1" for two engines on a
+    2-core machine; the first shares get the extra CPUs of an uneven split):
+    engines that run side by side each on their own cores."""
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    if n > len(cpus):
+        raise ValueError(f"{n} engines cannot each have their own core: this process may use "
+                         f"{len(cpus)} CPU(s) {cpus}")
+    size, extra = divmod(len(cpus), n)
+    out, start = [], 0
+    for i in range(n):
+        part = cpus[start:start + size + (i < extra)]
+        start += len(part)
+        out.append(",".join(map(str, part)))
+    return out
+
+
 _TCMALLOC_FIX = ("tcmalloc is not installed: `apt-get install libtcmalloc-minimal4` "
                  "(Debian/Ubuntu; `make setup` does it when run as root)")
 _IOMP_FIX = "Intel OpenMP is not installed in this environment: `pip install intel-openmp`"

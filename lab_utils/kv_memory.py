@@ -19,6 +19,10 @@ import numpy as np
 
 GIB = 1 << 30
 
+#: On vLLM's CPU build this variable overwrites `--kv-cache-memory-bytes`
+#: (`platforms/cpu.py`), in whole GiB only.
+CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
 #: vLLM's KV block size when the flags set none: CacheConfig.DEFAULT_BLOCK_SIZE
 #: on GPUs, 128 tokens on the CPU backend (vllm/platforms/cpu.py).
 DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
@@ -92,6 +96,22 @@ def requests_that_fit(capacity_tokens: int, block_size: int, prompt_tokens: int,
     """How many requests of this shape can be in the cache at their full length."""
     per_request = blocks_needed(prompt_tokens + output_tokens, block_size)
     return (int(capacity_tokens) // int(block_size)) // per_request if per_request else 0
+
+
+def byte_budget_profile(profile):
+    """`profile` without VLLM_CPU_KVCACHE_SPACE in its servers' environment,
+    so `--kv-cache-memory-bytes` counts; ConfigError when this process's own
+    environment sets it (a local CPU server would inherit it)."""
+    import dataclasses
+    import os
+
+    from .profiles import ConfigError
+    if CPU_KV_ENV in os.environ and profile.device == "cpu" and not profile.is_remote:
+        raise ConfigError(f"{CPU_KV_ENV} is set in this kernel's environment "
+                          f"({os.environ[CPU_KV_ENV]!r}); vLLM's CPU build would use it instead "
+                          "of --kv-cache-memory-bytes. Unset it and restart the kernel.")
+    return dataclasses.replace(profile, env={k: v for k, v in profile.env.items()
+                                             if k != CPU_KV_ENV})
 
 
 def gib_to_bytes(gib: float) -> int:

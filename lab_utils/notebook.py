@@ -295,6 +295,14 @@ class NotebookContext:
             self.skip(a, f"its server did not start: {root_cause(str(exc)) or exc}")
         return None
 
+    def serve_with(self, profile: Profile) -> None:
+        """Start this notebook's engines from `profile` from now on (e.g. the
+        profile without an environment variable that would override a flag):
+        the running engines stop, the pool keeps its log folder and size."""
+        keep, log_dir = self.engines.keep, self.engines.log_dir
+        self.engines.close()
+        self.engines = EnginePool(profile, log_dir=log_dir, keep=keep)
+
     def skip(self, arm: str | Arm, why: str) -> None:
         """Note (in the results) and print that an arm did not run, and why."""
         name = arm.name if isinstance(arm, Arm) else arm

@@ -74,3 +74,13 @@ def test_weight_bytes(tmp_path):
     assert cpu_tuning.weight_bytes(tmp_path) == 1000
     with pytest.raises(FileNotFoundError):
         cpu_tuning.weight_bytes(tmp_path / "none")
+
+
+def test_core_shares_give_each_engine_its_own_cores():
+    from lab_utils.cpu_tuning import core_shares
+    assert core_shares(2, [0, 1]) == ["0", "1"]
+    assert core_shares(2, [0, 1, 2, 3, 4]) == ["0,1,2", "3,4"]
+    assert core_shares(3, [4, 2, 6]) == ["2", "4", "6"]
+    assert core_shares(1, [0, 1]) == ["0,1"]
+    with pytest.raises(ValueError, match="their own core"):
+        core_shares(3, [0, 1])

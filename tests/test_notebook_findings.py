@@ -330,6 +330,27 @@ def test_11_each_engines_own_count_equals_the_routers_decisions(smoke_results):
     assert decisions["large"] and decisions["small"], "the mix must reach both tiers"
 
 
+def test_13_replicas_count_what_the_router_sent_and_cache_aware_hits_at_least_as_often(smoke_results):
+    data = results_of(smoke_results, "13_replica_routing")
+    params = data["parameters"]
+    rates = {}
+    for policy in params["policies"]:
+        arm = data["arms"][policy]
+        replicas, routed = arm["counters"]["replicas"], arm["counters"]["router"]
+        assert all(r["ok"] for r in records(smoke_results, data, policy)), policy
+        served = {name: c["requests_success"] for name, c in replicas.items()}
+        # each engine's vllm:request_success equals the router's decisions for it
+        assert served == routed, (policy, served, routed)
+        assert sum(served.values()) == params["requests"], policy
+        q = sum(c["prefix_cache_queries"] for c in replicas.values())
+        rates[policy] = sum(c["prefix_cache_hits"] for c in replicas.values()) / q
+    # round-robin spreads the requests evenly over every replica
+    rr = data["arms"]["round_robin"]["counters"]["replicas"]
+    share = params["requests"] / params["replicas"]
+    assert all(abs(c["requests_success"] - share) <= 1 for c in rr.values()), rr
+    assert rates["cache_aware"] >= rates["round_robin"], rates
+
+
 def test_12_every_row_of_the_article_has_a_verdict_or_a_reason(smoke_results):
     data = results_of(smoke_results, "12_checklist")
     rows = {(r["technique"], r["metric"].lower()): r for r in data["checklist"]}

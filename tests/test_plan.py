@@ -295,7 +295,7 @@ def test_speculative_prediction_spans_no_to_full_acceptance():
 
 def test_cpu_plans_have_no_problems(probe, no_findings):
     checks = checker.check_all(load_profile("cpu"), params=no_findings)
-    assert len(checks) == 13
+    assert len(checks) == 14
     assert problems_of(checks) == {}
 
 
