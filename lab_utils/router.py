@@ -107,7 +107,10 @@ class RouterServer(VLLMServer):
         self.prometheus_port = prometheus_port
         argv = router_argv(self.worker_urls, policy, port=port, prometheus_port=prometheus_port,
                            host=host, options=options)
-        super().__init__(argv, port=port, log_path=Path(log_path), env={"NO_COLOR": "1"},
+        # SPT_NOENV: the launcher's setproctitle would overwrite /proc/PID/environ,
+        # where the lab finds its servers (and their orphans) by LAB_UTILS_SERVER_OWNER.
+        super().__init__(argv, port=port, log_path=Path(log_path),
+                         env={"NO_COLOR": "1", "SPT_NOENV": "1"},
                          startup_timeout_s=startup_timeout_s,
                          served_model_name=served_model_name, host=host)
 

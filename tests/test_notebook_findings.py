@@ -330,7 +330,8 @@ def test_11_each_engines_own_count_equals_the_routers_decisions(smoke_results):
     assert decisions["large"] and decisions["small"], "the mix must reach both tiers"
 
 
-def test_13_replicas_count_what_the_router_sent_and_cache_aware_hits_at_least_as_often(smoke_results):
+def test_13_replicas_count_what_the_router_sent_and_cache_aware_hits_at_least_as_often(
+        smoke_results):
     data = results_of(smoke_results, "13_replica_routing")
     params = data["parameters"]
     rates = {}
@@ -349,6 +350,12 @@ def test_13_replicas_count_what_the_router_sent_and_cache_aware_hits_at_least_as
     share = params["requests"] / params["replicas"]
     assert all(abs(c["requests_success"] - share) <= 1 for c in rr.values()), rr
     assert rates["cache_aware"] >= rates["round_robin"], rates
+    # the sweep: round-robin's hits fall as the tenants outgrow one replica's cache
+    def rate(label):
+        c = data["arms"][label]["counters"]["replicas"].values()
+        return sum(x["prefix_cache_hits"] for x in c) / sum(x["prefix_cache_queries"] for x in c)
+    fewest, most = min(params["sweep_tenants"]), max(params["sweep_tenants"])
+    assert rate(f"round_robin tenants={fewest}") > rate(f"round_robin tenants={most}")
 
 
 def test_12_every_row_of_the_article_has_a_verdict_or_a_reason(smoke_results):

@@ -4,6 +4,7 @@ by the fake replicas themselves (not by the router's own metrics, which a
 separate test checks against those counts)."""
 from __future__ import annotations
 
+import os
 import random
 import time
 
@@ -15,7 +16,7 @@ from lab_utils.client import Client, Load, RequestSpec
 from lab_utils.host import group_processes
 from lab_utils.profiles import ConfigError
 from lab_utils.router import RouterServer, router_argv, router_binary, router_counts
-from lab_utils.server import ServerError, free_port
+from lab_utils.server import ServerError, free_port, lab_server_processes
 
 try:
     router_binary()
@@ -111,6 +112,7 @@ def test_life_cycle_health_log_and_no_orphans(fresh, tmp_path):
         assert router.alive and router.startup_s is not None
         pgid = router.proc.pid
         assert group_processes(pgid)
+        assert any(pid == pgid for pid, _ in lab_server_processes(os.getpid()))  # orphan-findable
         send(router, tenant_specs([0, 1]))
         assert router.counts() == {fresh[0].base_url: 1.0, fresh[1].base_url: 1.0}
     assert not router.alive and group_processes(pgid) == []

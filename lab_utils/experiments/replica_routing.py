@@ -385,6 +385,41 @@ def plot_ttft(runs: Mapping[str, PolicyRun], work: Workload,
     return plots.latency_distributions(f, metrics=("ttft_ms",), title=title)
 
 
+def tenant_sweep(engines: Sequence[Any], names: Sequence[str], tok, tenants: Sequence[int], *,
+                 prefix_tokens: int, requests: int, max_tokens: int, concurrency: int, log_dir,
+                 policies: Sequence[str] = ("round_robin", "cache_aware"), seed: int = 0,
+                 results: Results | None = None, progress: bool = True) -> pd.DataFrame:
+    """The same replicas (their KV sized for the notebook's `tenants`) under
+    more or fewer tenants: for each count, `requests` requests under each
+    policy. One row per (tenants, policy): hit rate, TTFT p50, imbalance."""
+    load = Load.concurrent(concurrency) if concurrency > 1 else Load.sequential()
+    rows = []
+    for t in tenants:
+        work = tenant_workload(tok, tenants=t, prefix_tokens=prefix_tokens,
+                               requests=max(requests, t), max_tokens=max_tokens, seed=seed)
+        runs = {p: run_policy(engines, names, work, p, load=load, log_dir=log_dir,
+                              results=results, progress=progress, label=f"{p} tenants={t}")
+                for p in policies}
+        for label, row in summary(runs).iterrows():
+            rows.append({"tenants": t, "policy": label.split(" ", 1)[0],
+                         **{k: row[k] for k in ("hit rate (%)", "TTFT p50 (ms)",
+                                                "imbalance (max/mean)")}})
+    return pd.DataFrame(rows).astype({"hit rate (%)": float, "TTFT p50 (ms)": float,
+                                      "imbalance (max/mean)": float})
+
+
+def plot_sweep(sweep: pd.DataFrame, prefixes_held: int,
+               title: str = "Prefix-cache hit rate as tenants outgrow a replica's KV cache"):
+    from .. import plots
+    fig = plots.xy(sweep, "tenants", "hit rate (%)", hue="policy", xlabel="tenants",
+                   ylabel="prefix-cache hit rate over the replicas (%)", title=title)
+    ax = fig.axes[0]
+    ax.axvline(prefixes_held, color="grey", ls="--", lw=1,
+               label=f"one replica's KV: {prefixes_held} prompts")
+    ax.legend(fontsize=8)
+    return fig
+
+
 def explore(engines: Sequence[Any], names: Sequence[str], work: Workload, *, policy: str,
             concurrency: int, log_dir) -> pd.DataFrame:
     """One more policy (or the same at another concurrency) on the same
@@ -400,6 +435,7 @@ def explore(engines: Sequence[Any], names: Sequence[str], work: Workload, *, pol
 __all__ = [
     "CLAIM", "POLICIES", "PolicyRun", "Workload", "budget_table", "capacity_check", "explore",
     "findings", "hit_rate", "imbalance", "kv_budget", "per_replica", "plan", "plot_ttft",
-    "replica_engines", "replica_env", "replica_names", "request_tokens", "run_policies",
-    "run_policy", "summary", "tenant_order", "tenant_workload", "ttft_frame",
+    "plot_sweep", "replica_engines", "replica_env", "replica_names", "request_tokens",
+    "run_policies", "run_policy", "summary", "tenant_order", "tenant_sweep", "tenant_workload",
+    "ttft_frame",
 ]
