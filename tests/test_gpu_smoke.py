@@ -71,10 +71,11 @@ def test_dry_run_prints_every_configuration_and_the_plan_problems(smoke, params,
     code = smoke.main(["--dry-run", "-p", "findings_dir", json.dumps(params["findings_dir"])])
     out = capsys.readouterr().out
     assert code == 1, "04's refused plan is a problem to report"
-    assert "19 distinct engine configurations of profile 'gpu'" in out
-    assert out.count("vllm serve ") == 19 and "PASS" not in out and "FAIL" not in out
+    # The 19 above and 13's two replicas, each on its own GPU.
+    assert "21 distinct engine configurations of profile 'gpu'" in out
+    assert out.count("vllm serve ") == 21 and "PASS" not in out and "FAIL" not in out
     assert "PLAN PROBLEM 04_speculative_decoding" in out
-    assert "19 configurations: not started (--dry-run); 1 plan problems" in out
+    assert "21 configurations: not started (--dry-run); 1 plan problems" in out
     code = smoke.main(["--dry-run", "--only", "00", "--max-model-len", "1024"])
     out = capsys.readouterr().out
     assert code == 0 and "--max-model-len 1024" in out and "0 plan problems" in out
