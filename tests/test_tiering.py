@@ -246,8 +246,10 @@ def test_threshold_sweep_composes_measured_answers():
 def test_split_core_env_gives_each_tier_half_the_cores():
     assert tx.split_core_env([1, 0]) == {LARGE: {"VLLM_CPU_OMP_THREADS_BIND": "0"},
                                          SMALL: {"VLLM_CPU_OMP_THREADS_BIND": "1"}}
-    assert tx.split_core_env(range(5))[SMALL] == {"VLLM_CPU_OMP_THREADS_BIND": "2,3,4"}
-    with pytest.raises(ConfigError, match="at least 2 cores"):
+    five = tx.split_core_env(range(5))                     # the large tier gets the extra core
+    assert five == {LARGE: {"VLLM_CPU_OMP_THREADS_BIND": "0,1,2"},
+                    SMALL: {"VLLM_CPU_OMP_THREADS_BIND": "3,4"}}
+    with pytest.raises(ConfigError, match="cannot each have their own core"):
         tx.split_core_env([0])
 
 

@@ -24,10 +24,8 @@ so the quantised cache shows in prompt log-probabilities too.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,14 +38,14 @@ from ..client import Load
 from ..counters import GaugeSampler, kv_capacity_of
 from ..host import EngineCPU, host_load
 from ..figures.fp8_kv_cache import plot_capacity, plot_latencies, plot_logprobs, plot_pressure
-from ..kv_memory import (ELEMENT_BYTES, GIB, decode_step_traffic, default_block_size,
-                         expected_capacity_tokens, gib_to_bytes, kv_element_bytes, kv_geometry,
-                         predicted_capacity, requests_that_fit, safetensors_parameters)
+from ..kv_memory import (CPU_KV_ENV, ELEMENT_BYTES, GIB, byte_budget_profile,
+                         decode_step_traffic, default_block_size, expected_capacity_tokens,
+                         gib_to_bytes, kv_element_bytes, kv_geometry, predicted_capacity,
+                         requests_that_fit, safetensors_parameters)
 from ..profiles import ConfigError, Profile
 from ..quality import (answer_summary, answer_table, compare_logprobs, greedy_answers,
                        prompt_logprobs, text_windows, token_logprobs)
 from ..results import Results, measure
-from ..server import EnginePool
 from ..vllm_code import vllm_source
 from ..vllm_logs import parse_kv_log
 from ..workloads import synthetic_specs, tokenizer_for, warm_up
@@ -56,8 +54,6 @@ from ..workloads import synthetic_specs, tokenizer_for, warm_up
 CPU_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 #: The reference arm every other arm is compared with.
 BASELINE = "auto"
-#: The environment variable that overrides `--kv-cache-memory-bytes` on vLLM's CPU build.
-CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
 def arm_flags(kv_cache_dtype: str, budget_bytes: int | None,
@@ -70,12 +66,6 @@ def arm_flags(kv_cache_dtype: str, budget_bytes: int | None,
     if max_model_len:
         flags["max_model_len"] = int(max_model_len)
     return flags
-
-
-def budget_profile(profile: Profile) -> Profile:
-    """`profile` without VLLM_CPU_KVCACHE_SPACE, so `--kv-cache-memory-bytes` counts."""
-    env = {k: v for k, v in profile.env.items() if k != CPU_KV_ENV}
-    return dataclasses.replace(profile, env=env)
 
 
 def pressure_row(arm: str, run, gauges: pd.DataFrame, *, capacity_tokens: float,
@@ -115,17 +105,11 @@ def _ms(seconds: float | None) -> float:
 
 def use_kv_budget(ctx, kv_cache_gib: float) -> int:
     """Give `ctx` an engine pool in which `--kv-cache-memory-bytes` is obeyed
-    (the profile without VLLM_CPU_KVCACHE_SPACE) and return the budget in bytes.
-    Stops any engine of the old pool first (one engine at a time)."""
-    if CPU_KV_ENV in os.environ and ctx.profile.device == "cpu":
-        raise ConfigError(f"{CPU_KV_ENV} is set in this kernel's environment "
-                          f"({os.environ[CPU_KV_ENV]!r}); vLLM's CPU build would use it instead "
-                          "of --kv-cache-memory-bytes. Unset it and restart the kernel.")
+    (the profile without VLLM_CPU_KVCACHE_SPACE, `kv_memory.byte_budget_profile`)
+    and return the budget in bytes. Stops any engine of the old pool first
+    (one engine at a time)."""
     budget = gib_to_bytes(kv_cache_gib)
-    log_dir = ctx.engines.log_dir
-    ctx.engines.close()
-    ctx.engines = EnginePool(budget_profile(ctx.profile), log_dir=log_dir,
-                             keep=ctx.engines.keep)
+    ctx.serve_with(byte_budget_profile(ctx.profile))
     return budget
 
 
@@ -519,7 +503,7 @@ def explore_pressure(ctx, kv_cache_dtype: str, concurrency: int, *, requests: in
 
 __all__ = [  # defined here, then the shared names the notebook reads from here
     "CPU_KV_CACHE_DTYPES", "BASELINE", "CPU_KV_ENV", "CAPACITY_COLUMNS", "PRESSURE_COLUMNS",
-    "SINGLE_COLUMNS", "QUALITY_COLUMNS", "CLAIM", "arm_flags", "budget_profile", "pressure_row",
+    "SINGLE_COLUMNS", "QUALITY_COLUMNS", "CLAIM", "arm_flags", "pressure_row",
     "use_kv_budget", "capacity_row", "single_request_latency", "pressure_run", "ArmsResult",
     "runnable_here", "plan", "run_arms", "capacity_table", "single_table", "quality_table",
     "predicted_table", "traffic_table", "pressure_table", "headline", "findings", "arm_notes",

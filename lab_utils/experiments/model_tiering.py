@@ -28,6 +28,7 @@ from .. import arms
 from ..arms import ROLE
 from ..client import Load, RequestRecord, RequestSpec
 from ..counters import delta, scrape
+from ..cpu_tuning import core_shares
 from ..host import EngineCPU
 from ..metrics import percentile_stats, records_frame
 from ..profiles import ConfigError, Profile
@@ -59,15 +60,14 @@ BIND = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 def split_core_env(cores: Sequence[int] | None = None) -> dict[str, dict[str, str]]:
-    """Per-tier `VLLM_CPU_OMP_THREADS_BIND`: the large tier gets the first half
-    of this process's cores, the small tier the rest."""
-    import os
-    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
-    if len(cores) < 2:
-        raise ConfigError(f"split_cores needs at least 2 cores; this process may use {cores}")
-    half = len(cores) // 2
-    return {tier: {BIND: ",".join(str(c) for c in part)}
-            for tier, part in ((LARGE, cores[:half]), (SMALL, cores[half:]))}
+    """Per-tier `VLLM_CPU_OMP_THREADS_BIND` (`cpu_tuning.core_shares`): the
+    large tier gets the first share of this process's cores (the extra core of
+    an odd count), the small tier the rest."""
+    try:
+        large, small = core_shares(2, list(cores) if cores is not None else None)
+    except ValueError as e:
+        raise ConfigError(f"split_cores: {e}") from None
+    return {LARGE: {BIND: large}, SMALL: {BIND: small}}
 
 
 def tier_env(profile: Profile, split_cores: bool = False) -> dict[str, dict[str, str]]:
