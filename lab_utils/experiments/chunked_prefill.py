@@ -574,15 +574,8 @@ MECHANISM_COLUMNS = ["max_prefill_tokens_per_step", "max_step_ms", "prefill_step
                      "server_itl_ms_p99", "server_queue_ms_mean", "server_prefill_ms_mean",
                      "waiting_max", "waiting_mean", "prefix_cache_hits"]
 
-
-# --------------------------------------------------------------------------
-# Reading the installed vLLM's source (without importing vLLM)
-# --------------------------------------------------------------------------
-
 __all__ = ["ArmRun", "MECHANISM_COLUMNS", "PlacedLoad", "SUMMARY_COLUMNS", "StepLog",
-           "arm_flags", "load_for", "place_load",
-           "arm_label", "arm_notes", "arm_row",
-           "chunked_prefill_sweep", "explore_arm",
-           "findings", "headline_arms", "headline_rows", "mixed_schedule", "mixed_workload",
+           "arm_flags", "arm_label", "arm_notes", "arm_row", "chunked_prefill_sweep",
+           "explore_arm", "findings", "load_for", "place_load", "headline_arms", "headline_rows", "mixed_schedule", "mixed_workload",
            "parse_iteration_log", "plan", "plot_steps", "plot_sweep", "run_arm", "step_stats",
            "sweep_arm", "sweep_plan", "sweep_table", "this_run", "vllm_source"]
