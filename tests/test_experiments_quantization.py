@@ -38,24 +38,75 @@ def test_with_references_puts_references_first_once():
         q.with_references(["int3"])
 
 
-def test_cpu_roles_resolve_to_quantize_recipes():
+def test_cpu_roles_are_quantize_recipes_the_profile_names():
     cpu = load_profile("cpu")
-    assert set(q.CPU_ROLE_RECIPES.values()) <= set(qz.RECIPES)
     for a in q.ARMS.values():
         if a.role and a.name != "fp8_bf16":
-            assert q.role_model(cpu, a.role).startswith("quantized:"), a.name
-    assert q.role_model(cpu, "fp8") is None
-    assert q.role_model(cpu, None) == "embedded"
+            ref = q.role_reference(cpu, a.role)
+            assert ref.startswith("quantized:") and ref.split(":", 1)[1] in qz.RECIPES, a.name
+    assert q.role_reference(cpu, "fp8") is None
+    assert q.role_reference(cpu, None) == "embedded"
+    # the profile's role is the checkpoint the recipe builds, in the plan's command line
+    from lab_utils.plan import build_engine
+    e = build_engine(cpu, q.arm("int8_w8a8"), None)
+    assert str(qz.quantized_model_dir("w8a8")) in e.command
 
 
 def test_gpu_profile_names_real_checkpoints_for_the_shared_roles():
     gpu = load_profile("gpu")
     for role in ("awq", "gptq_int4", "gptq_int8", "fp8"):
-        assert "/" in q.role_model(gpu, role)
+        assert "/" in q.role_reference(gpu, role)
     table = q.arm_table(gpu, q.default_arms(gpu) + ["int8_w8a8"])
     assert table.loc["awq_bf16", "available"] and table.loc["fp8_bf16", "available"]
     assert not table.loc["int8_w8a8", "available"]     # no such role in gpu.toml (yet)
     assert table.loc["awq_bf16", "reference"] == "full_bf16"
+
+
+def test_quantized_arms_are_optional_and_compared_with_their_reference():
+    gpu = load_profile("gpu")
+    p = q.plan(gpu, {})
+    assert p.names == ["full_bf16", "awq_bf16", "gptq_int4_bf16", "gptq_int8_bf16", "fp8_bf16"]
+    assert [a.optional for a in p.arms] == [False, True, True, True, True]
+    assert p.arm("awq_bf16").reference == "full_bf16" and p.baseline.knob is None
+    assert p.problems() == []
+    # float32 asked for after bfloat16: the two dtypes compared the other way round
+    cpu = load_profile("cpu")
+    back = q.plan(cpu, {"arms": ["full_bf16", "full"]}, caps=_all_ok())
+    assert back.names == ["full_bf16", "full"] and back.arm("full").reference == "full_bf16"
+
+
+def _all_ok():
+    from lab_utils import capabilities
+    return capabilities.Capabilities({c: {"status": "ok"} for c in capabilities.CANDIDATES})
+
+
+def test_remote_plan_measures_the_served_model_alone():
+    """The remote profile names no quantized arm (a server with fixed flags):
+    arm_table of nothing is empty (it raised KeyError), the plan is "full"."""
+    remote = load_profile("remote", base_url="http://127.0.0.1:1")
+    assert q.arm_table(remote, []).empty
+    p = q.plan(remote, {})
+    assert p.names == ["full"] and "measured alone" in p.notes[0]
+    support = q.support_table(remote, p.names)
+    assert support.loc["full", "on this device"].startswith("not probed on remote")
+
+
+def test_support_off_the_cpu_is_the_facts_not_this_machines_probe(monkeypatch):
+    """On cuda no CPU probe result is shown (the cache is never read): each
+    arm says "not probed", beside the facts data's format and weights."""
+    from lab_utils import capabilities
+    monkeypatch.setattr(capabilities, "load_cache", lambda *a: pytest.fail("read the CPU cache"))
+    gpu = load_profile("gpu")
+    t = q.support_table(gpu, ["full_bf16", "awq_bf16", "int8_w8a8"])
+    assert all(v.startswith("not probed on cuda") for v in t["on this device"])
+    assert t.loc["awq_bf16", "checkpoint_format"] == "awq, 4-bit int"
+    # bf16 Qwen2.5-7B: the checkpoint index's 15,231,233,024 bytes
+    assert t.loc["full_bf16", "weights_gib_estimate"] == round(15_231_233_024 / 2**30, 2)
+    assert pd.isna(t.loc["int8_w8a8", "model"])  # no such role on gpu: no estimate
+    assert "not measured" in t.attrs["machine"] and "H100" in t.attrs["machine"]
+    ckpt = q.prepare_checkpoints(gpu, ["awq_bf16", "fp8_bf16"])
+    assert ckpt.loc["awq", "method"] == "awq" and ckpt.loc["awq", "bits"] == 4
+    assert "not measured" in ckpt.loc["fp8", "source"]
 
 
 def test_plan_skips_role_arms_on_remote():

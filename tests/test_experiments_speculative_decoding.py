@@ -13,6 +13,7 @@ from lab_utils import derived_models
 from lab_utils.client import RequestRecord
 from lab_utils.experiments import speculative_decoding as sd
 from lab_utils.metrics import chunk_frame
+from lab_utils.speculation import SPEC_KNOB as SPEC
 from lab_utils.speculation import expected_tokens_per_step, ngram_config
 from lab_utils.profiles import (
     check_known_options,
@@ -59,6 +60,44 @@ def test_arm_flags_are_known_to_the_installed_vllm(cpu):
     argv = engine_argv(cpu, sd.ngram_arm(4).flags, port=8000, model="/m")
     i = argv.index("--speculative-config")
     assert json.loads(argv[i + 1]) == ngram_config(4)
+
+
+def test_gpu_plan_uses_ngram_gpu_and_maps_the_drafts_vocabulary(cpu, gpu):
+    """On cuda the n-gram arm asks for vLLM's "ngram_gpu" (which keeps async
+    scheduling, as the baseline has it); the profile's draft, whose facts
+    give another vocabulary size (Qwen2.5-0.5B 151,936, 7B 152,064), gets
+    use_heterogeneous_vocab, and every arm then pins vLLM's V1 model runner.
+    Each flag set is one the installed vLLM's parser accepts."""
+    from lab_utils import facts
+    assert facts.model_facts(gpu.models["draft"]).vocab_size == 151_936
+    assert facts.model_facts(gpu.model).vocab_size == 152_064
+    p = sd.plan(gpu, {"ngram_ks": [4], "draft_models": ["profile"], "draft_ks": [2]})
+    assert p.problems() == []
+    ngram, draft = p.arms[1].flags[SPEC], p.arms[2].flags[SPEC]
+    assert ngram["method"] == "ngram_gpu" and ngram["prompt_lookup_min"] == 2
+    assert draft == {"model": "Qwen/Qwen2.5-0.5B-Instruct", "num_speculative_tokens": 2,
+                     "use_heterogeneous_vocab": True}
+    assert p.arms[2].optional and not p.arms[1].optional
+    assert {dict(a.env)["VLLM_USE_V2_MODEL_RUNNER"] for a in p.arms} == {"0"}
+    assert "V1 model runner" in p.notes[0]
+    for a in p.arms:
+        check_known_options(a.flags)
+    # the cpu plan: "ngram", no vocabulary mapping (a cut of the served model), no pin
+    c = sd.plan(cpu, {"ngram_ks": [4], "draft_models": ["truncated"], "draft_ks": [2]})
+    assert c.arms[1].flags[SPEC]["method"] == "ngram"
+    assert "use_heterogeneous_vocab" not in c.arms[2].flags[SPEC]
+    assert all(not a.env for a in c.arms) and c.notes == ()
+
+
+def test_a_draft_the_profile_cannot_name_is_left_out_with_a_note(gpu):
+    """The default draft_models=["truncated"] cuts the embedded model: on gpu
+    its arms are left out, with the fix in the plan's note, not an error."""
+    p = sd.plan(gpu, {"ngram_ks": [4], "draft_models": ["truncated"], "draft_ks": [2]})
+    assert p.names == ["baseline", "ngram k=4"]
+    assert "'truncated' skipped" in p.notes[0] and "use 'profile'" in p.notes[0]
+    remote = load_profile("remote", base_url="http://127.0.0.1:1")
+    r = sd.plan(remote, {"ngram_ks": [], "draft_models": ["profile", "self"], "draft_ks": [2]})
+    assert r.names == ["baseline"] and len(r.notes) == 2
 
 
 def test_explore_methods(cpu, gpu):
@@ -192,7 +231,7 @@ def test_explore_reuses_a_planned_arm_and_starts_others_outside_the_plan(cpu):
     p = sd.plan(cpu, {"ngram_ks": [4], "draft_models": [], "draft_ks": []})
     asked = []
     ctx = SimpleNamespace(plan=p, arm=lambda a: asked.append(("arm", a.name)),
-                          any_engine=lambda **flags: asked.append(("any", flags)))
+                          any_engine=lambda env=None, **flags: asked.append(("any", flags)))
     sd.explore_engine(ctx, sd.ngram_arm(4))
     sd.explore_engine(ctx, sd.ngram_arm(2))
     assert asked == [("arm", "ngram k=4"), ("any", sd.ngram_arm(2).flags)]

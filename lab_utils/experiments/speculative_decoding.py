@@ -6,12 +6,16 @@ starts. The baseline has no `--speculative-config`; each treated arm adds
 exactly that flag:
 
 - **n-gram prompt lookup** (`{"method": "ngram", "num_speculative_tokens": k,
-  "prompt_lookup_max": 4, "prompt_lookup_min": 2}`): the proposer looks for the
-  last 2-4 generated tokens earlier in the request's own tokens (prompt and
-  output) and proposes the k tokens that followed them there. No model runs.
+  "prompt_lookup_max": 4, "prompt_lookup_min": 2}`; "ngram_gpu" on cuda, the
+  same lookup on the GPU, with which vLLM keeps async scheduling on as in the
+  baseline): the proposer looks for the last 2-4 generated tokens earlier in
+  the request's own tokens (prompt and output) and proposes the k tokens that
+  followed them there. No model runs.
 - **a draft model** (`{"model": PATH, "num_speculative_tokens": k}`; vLLM sets
   `method="draft_model"` when a model is given without a method): a smaller
-  model of the same vocabulary runs k decode steps of its own to propose.
+  model of the same tokenizer runs k decode steps of its own to propose (with
+  `"use_heterogeneous_vocab": true` when its vocabulary is padded to another
+  size, as Qwen2.5-0.5B's 151,936 against the 7B's 152,064).
 
 The target model checks all k proposals in one forward pass and keeps the
 longest prefix that matches what it would have produced itself, plus one token
@@ -45,9 +49,10 @@ from ..metrics import chunk_frame, token_chunks, token_gaps_ms
 from ..profiles import ConfigError, Profile
 from ..quality import first_difference, text_diff
 from ..results import Results, measure
-from ..speculation import (SPEC_KNOB, break_even_acceptance, describe_draft, draft_model_config,
-                           draft_source, ensure_draft, ngram_config, per_position_counts,
-                           per_position_rates)
+from ..speculation import (SPEC_KNOB, V1_RUNNER_ENV, break_even_acceptance, describe_draft,
+                           draft_model_config, draft_source, ensure_draft, ngram_config,
+                           ngram_method, per_position_counts, per_position_rates,
+                           vocabularies_differ)
 from ..workloads import chat_specs, code_edit_specs
 
 #: The n-gram window of the article-style prompt-lookup arm (vLLM's default is 5..5).
@@ -76,33 +81,67 @@ class SpecArm(arms.Arm):
     draft_path: str = ""
 
 
-def baseline_arm() -> SpecArm:
-    return SpecArm("baseline", title="no --speculative-config")
+def baseline_arm(env: Mapping[str, str] | None = None) -> SpecArm:
+    return SpecArm("baseline", env=dict(env or {}), title="no --speculative-config")
 
 
-def ngram_arm(k: int) -> SpecArm:
-    return SpecArm(f"ngram k={k}", {SPEC_KNOB: ngram_config(k, **NGRAM_LOOKUP)}, knob=SPEC_KNOB,
-                   title=f"n-gram prompt lookup, {k} proposed tokens", method="ngram", k=int(k))
+def ngram_arm(k: int, method: str = "ngram", env: Mapping[str, str] | None = None) -> SpecArm:
+    """An n-gram arm; `method` "ngram_gpu" on CUDA (`lab_utils.speculation.ngram_method`)."""
+    return SpecArm(f"ngram k={k}", {SPEC_KNOB: ngram_config(k, **NGRAM_LOOKUP, method=method)},
+                   env=dict(env or {}), knob=SPEC_KNOB,
+                   title=f"n-gram prompt lookup{' (ngram_gpu)' if method != 'ngram' else ''}"
+                         f", {k} proposed tokens",
+                   method="ngram", k=int(k))
 
 
-def draft_arm(path: str, k: int, draft: str) -> SpecArm:
-    return SpecArm(f"draft {draft} k={k}", {SPEC_KNOB: draft_model_config(path, k)},
-                   knob=SPEC_KNOB, title=f"draft model {draft}, {k} proposed tokens",
+def draft_arm(path: str, k: int, draft: str, heterogeneous_vocab: bool = False,
+              env: Mapping[str, str] | None = None) -> SpecArm:
+    """A draft-model arm. Optional: a draft whose engine does not start (a
+    download, a refused config, memory) is skipped with its log's root cause
+    (`ctx.arm`), and the other arms still run."""
+    other = ", vocabulary mapped (use_heterogeneous_vocab)" if heterogeneous_vocab else ""
+    return SpecArm(f"draft {draft} k={k}",
+                   {SPEC_KNOB: draft_model_config(path, k, heterogeneous_vocab)},
+                   env=dict(env or {}), knob=SPEC_KNOB, optional=True,
+                   title=f"draft model {draft}, {k} proposed tokens{other}",
                    method="draft", k=int(k), draft=draft, draft_path=str(path))
 
 
 def plan(profile: Profile, params: Mapping[str, Any]) -> arms.Plan:
     """The notebook's engines: the baseline, one n-gram arm per k in
-    `ngram_ks`, one draft arm per (draft in `draft_models`, k in `draft_ks`).
+    `ngram_ks` ("ngram_gpu" on cuda, which keeps vLLM's async scheduling like
+    the baseline), one draft arm per (draft in `draft_models`, k in `draft_ks`).
     Each treated arm adds `--speculative-config` to the baseline and nothing
-    else; the draft folders are named here and built before their engine starts."""
-    out = [baseline_arm()] + [ngram_arm(int(k)) for k in params.get("ngram_ks", [])]
+    else; the draft folders are named here and built before their engine starts.
+
+    A draft this profile cannot name ("truncated" cuts the embedded model,
+    "profile" needs a `draft` role) leaves its arms out with a note. A draft
+    whose vocabulary size differs from the target's (the facts data) gets
+    `use_heterogeneous_vocab`; vLLM runs it on its V1 model runner only, so on
+    cuda every arm then pins V1 (`V1_RUNNER_ENV`) and the note says so."""
+    notes, drafts = [], []
     for name in params.get("draft_models", []):
         if name in ("", "none"):
             continue
-        path, label = draft_source(profile, name, int(params.get("draft_layers", 6)))
-        out += [draft_arm(path, int(k), label) for k in params.get("draft_ks", [])]
-    return arms.Plan("04_speculative_decoding", tuple(out))
+        try:
+            path, label = draft_source(profile, name, int(params.get("draft_layers", 6)))
+        except ConfigError as exc:
+            notes.append(f"draft arm(s) of {name!r} skipped: {exc}")
+            continue
+        drafts.append((path, label, vocabularies_differ(profile, path)))
+    env = {}
+    if profile.device == "cuda" and any(h for _, _, h in drafts):
+        env = dict(V1_RUNNER_ENV)
+        notes.append("a draft of another vocabulary size runs on vLLM's V1 model runner only "
+                     "(use_heterogeneous_vocab, vllm/config/vllm.py): every arm pins it "
+                     f"({', '.join(f'{k}={v}' for k, v in env.items())}), so the arms differ "
+                     "in their speculative config alone")
+    method = ngram_method(profile)
+    out = [baseline_arm(env)] + [ngram_arm(int(k), method, env)
+                                 for k in params.get("ngram_ks", [])]
+    out += [draft_arm(path, int(k), label, hetero, env) for path, label, hetero in drafts
+            for k in params.get("draft_ks", [])]
+    return arms.Plan("04_speculative_decoding", tuple(out), notes=tuple(notes))
 
 
 def draft_table(plan: arms.Plan) -> pd.DataFrame:
@@ -468,8 +507,9 @@ def explore_engine(ctx, arm: SpecArm):
     when the plan declares that engine, else one outside the plan
     (`ctx.any_engine`); None (printed) when the target cannot serve it."""
     ensure_draft(arm)
-    planned = ctx.plan.find(None, arm.flags)
-    return ctx.arm(planned) if planned is not None else ctx.any_engine(**arm.flags)
+    planned = ctx.plan.find(None, arm.flags, arm.env or None)
+    return (ctx.arm(planned) if planned is not None
+            else ctx.any_engine(env=arm.env or None, **arm.flags))
 
 
 def explore_arm(ctx, method: str, k: int, workload: str, concurrency: int, *,
@@ -479,10 +519,11 @@ def explore_arm(ctx, method: str, k: int, workload: str, concurrency: int, *,
     or "draft: profile") on one workload and concurrency. Rows of `measured`
     (the notebook's run table) for the same workload and concurrency are
     shown beside it for comparison."""
+    env = dict(ctx.plan.baseline.env)  # the plan's model-runner pin, if any
     if method == "none":
-        arm = baseline_arm()
+        arm = baseline_arm(env)
     elif method == "ngram":
-        arm = ngram_arm(int(k))
+        arm = ngram_arm(int(k), ngram_method(ctx.profile), env)
     elif method.startswith("draft"):
         which = method.split(":", 1)[1].strip() if ":" in method else "auto"
         try:
@@ -490,7 +531,7 @@ def explore_arm(ctx, method: str, k: int, workload: str, concurrency: int, *,
         except ConfigError as exc:
             print(f"no draft model: {exc}")
             return pd.DataFrame()
-        arm = draft_arm(path, int(k), label)
+        arm = draft_arm(path, int(k), label, vocabularies_differ(ctx.profile, path), env)
     else:
         raise ValueError(f"unknown method {method!r}")
     engine = explore_engine(ctx, arm)
