@@ -32,6 +32,63 @@ def test_plan_turns_on_what_helped_as_one_declared_combination():
     assert combo.chosen_techniques(plan) == ["prefix caching", "speculative decoding"]
 
 
+def _results_of_01(folder, profile, budgets):
+    """The results file 01 writes in the findings folder: its plan (as
+    `lab.setup` records it) for these budgets."""
+    import json
+
+    from lab_utils.experiments import chunked_prefill
+    plan = chunked_prefill.plan(profile, {"budgets": budgets}).to_dict()
+    (folder / "01_chunked_prefill.json").write_text(json.dumps({"plan": plan}))
+
+
+def test_combined_arm_chunks_the_long_prompts_at_01s_budget(tmp_path):
+    """Chunked prefill in the combined arm runs at the smallest budget 01
+    measured (its checklist finding's arm), below the long documents the
+    mixed workload serves, instead of the baseline's max_model_len (4,096 on
+    cpu), at which no prompt of this workload would be split."""
+    cpu = load_profile("cpu")
+    table = verdicts(**{"chunked prefill": "confirmed", "speculative decoding": "confirmed"})
+    _results_of_01(tmp_path, cpu, [512, 128, 1024])
+    plan = combo.plan(cpu, {"findings_dir": str(tmp_path)}, table)
+    combined = plan.arm("combined")
+    assert combined.flags["enable_chunked_prefill"] is True
+    assert combined.flags["max_num_batched_tokens"] == 128
+    assert combined.knob == ("enable_chunked_prefill", "max_num_batched_tokens",
+                             "speculative_config")
+    assert plan.problems() == []
+    assert combo.chosen_techniques(plan) == ["chunked prefill", "speculative decoding"]
+    # without 01's results: the smallest of 01's default budgets (its parameters cell)
+    from lab_utils.notebook import parameter_defaults
+    default = min(parameter_defaults("01_chunked_prefill.ipynb")["budgets"])
+    assert combo.plan(cpu, {"findings_dir": str(tmp_path / "none")}, table).arm(
+        "combined").flags["max_num_batched_tokens"] == default
+    # the long documents are longer than either budget (the embedded model's tokenizer)
+    from lab_utils.model import embedded_model_dir
+    if (embedded_model_dir() / "tokenizer.json").is_file():
+        from lab_utils.workloads import local_tokenizer
+        tok = local_tokenizer(str(embedded_model_dir()))
+        docs = [s for s in combo.mixed_workload(60, seed=1) if s.tag == "long_doc"]
+        assert docs and min(len(tok.encode(d.messages[-1]["content"])) for d in docs) > max(
+            default, 128) * 2
+
+
+def test_combined_arm_on_cuda_uses_ngram_gpu_and_passes_the_checker(tmp_path):
+    """On cuda the n-gram arm of the combination is "ngram_gpu" (vLLM keeps
+    async scheduling on, as in the baseline); with 01's budgets at or above
+    vLLM's default max_num_seqs on an H100 (1,024) the checker finds nothing."""
+    from lab_utils import facts, plan as checker
+    gpu = load_profile("gpu")
+    _results_of_01(tmp_path, gpu, [2048, 8192])
+    table = verdicts(**{"chunked prefill": "confirmed", "speculative decoding": "partly",
+                        "prefix caching": "confirmed"})
+    plan = combo.plan(gpu, {"findings_dir": str(tmp_path)}, table)
+    flags = plan.arm("combined").flags
+    assert flags["speculative_config"]["method"] == "ngram_gpu"
+    assert flags["max_num_batched_tokens"] == 2048 < gpu.engine["max_model_len"]
+    assert checker.check_plan(plan, gpu, facts.device("h100-80gb")).problems == []
+
+
 def test_plan_without_a_helpful_technique_runs_the_baseline_alone():
     plan = combo.plan(load_profile("cpu"), {}, verdicts(**{"prefix caching": "missing"}))
     assert plan.names == ["baseline"] and "'combined' left out" in plan.notes[0]

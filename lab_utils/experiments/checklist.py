@@ -8,6 +8,7 @@ techniques that helped on this machine are turned on), so the plan reads them
 too, from the same folder as the notebook."""
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections.abc import Mapping
@@ -31,19 +32,51 @@ from ..metrics import SLO
 from ..paths import NOTEBOOKS_DIR
 from ..profiles import Profile
 from ..results import Results, measure
+from ..speculation import ngram_config, ngram_method
 from ..workloads import (chat, chat_questions, code_edit_prompts, long_documents,
                          system_prompts)
 
 BASELINE, COMBINED = "baseline", "combined"
 
-#: Checklist rows whose technique is a plain engine flag set, and those flags.
+#: Checklist rows whose technique is a plain engine flag set, and those flags
+#: (on the cpu profile: `technique_flags` gives each profile's).
 TECHNIQUE_FLAGS: dict[str, dict[str, Any]] = {
     "prefix caching": {"enable_prefix_caching": True},
     "chunked prefill": {"enable_chunked_prefill": True},
-    "speculative decoding": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
-                                                    "prompt_lookup_max": 4,
-                                                    "prompt_lookup_min": 2}},
+    "speculative decoding": {"speculative_config": ngram_config(4, 4, 2)},
 }
+#: The notebook whose plan says which budget its chunked-prefill finding measured.
+CHUNKED_PREFILL = "01_chunked_prefill"
+
+
+def chunk_budget(params: Mapping[str, Any]) -> int:
+    """The combined arm's max_num_batched_tokens: the smallest chunked budget
+    of 01's plan in the findings folder (the arm its checklist finding
+    compares with off), else the smallest of 01's default `budgets`. Either
+    lies below the long documents of `mixed_workload` (~1,500 tokens), so
+    their prefill is split into chunks between the other requests' decodes."""
+    try:
+        plan = json.loads((findings_source(params) / f"{CHUNKED_PREFILL}.json").read_text())["plan"]
+        budgets = [json.loads(a["flags"]).get("max_num_batched_tokens") for a in plan["arms"]
+                   if json.loads(a["flags"]).get("enable_chunked_prefill")
+                   and "long_prefill_token_threshold" not in json.loads(a["flags"])]
+    except (OSError, ValueError, KeyError, TypeError):
+        budgets = []
+    if not [b for b in budgets if b]:
+        from ..notebook import parameter_defaults
+        budgets = parameter_defaults(f"{CHUNKED_PREFILL}.ipynb")["budgets"]
+    return int(min(b for b in budgets if b))
+
+
+def technique_flags(profile: Profile, budget: int) -> dict[str, dict[str, Any]]:
+    """`TECHNIQUE_FLAGS` on this profile: chunked prefill at `budget` tokens
+    per step (at max_model_len, as the baseline keeps it, no prompt would be
+    split), and n-gram speculation with the profile's method ("ngram_gpu" on
+    cuda, which keeps vLLM's async scheduling as in the baseline)."""
+    return {**TECHNIQUE_FLAGS,
+            "chunked prefill": {"enable_chunked_prefill": True, "max_num_batched_tokens": budget},
+            "speculative decoding": {"speculative_config": ngram_config(
+                4, 4, 2, method=ngram_method(profile))}}
 
 
 def baseline_flags(max_model_len: int) -> dict[str, Any]:
@@ -54,12 +87,15 @@ def baseline_flags(max_model_len: int) -> dict[str, Any]:
             "max_num_batched_tokens": max_model_len}
 
 
-def combined_flags(checklist: pd.DataFrame, max_model_len: int) -> tuple[dict[str, Any], list[str]]:
+def combined_flags(checklist: pd.DataFrame, max_model_len: int,
+                   techniques: Mapping[str, Mapping[str, Any]] | None = None
+                   ) -> tuple[dict[str, Any], list[str]]:
     """The baseline with every flag technique that this run found helpful
-    (verdict confirmed or partly) turned on; returns (flags, chosen rows)."""
+    (verdict confirmed or partly) turned on, each with its flags in
+    `techniques` (default `TECHNIQUE_FLAGS`); returns (flags, chosen rows)."""
     flags = baseline_flags(max_model_len)
     chosen = []
-    for row, extra in TECHNIQUE_FLAGS.items():
+    for row, extra in (techniques or TECHNIQUE_FLAGS).items():
         verdicts = checklist[checklist.technique == row].verdict
         if any(v in ("confirmed", "partly") for v in verdicts):
             flags.update(extra)
@@ -79,12 +115,15 @@ def plan(profile: Profile, params: Mapping[str, Any],
          checklist: pd.DataFrame | None = None) -> arms.Plan:
     """The baseline (`baseline_flags` for the profile's max_model_len) and the
     combined configuration (`combined_flags` of the checklist read from
-    `findings_source(params)`, or `checklist`). When nothing helped, the
-    combined arm would be the baseline engine again: it is left out, with a note."""
+    `findings_source(params)`, or `checklist`, with the profile's
+    `technique_flags`: chunked prefill at 01's `chunk_budget`). When nothing
+    helped, the combined arm would be the baseline engine again: it is left
+    out, with a note."""
     max_len = int(profile.engine.get("max_model_len", 4096))
     if checklist is None:
         checklist = checklist_table(findings_source(params))
-    flags, chosen = combined_flags(checklist, max_len)
+    techniques = technique_flags(profile, chunk_budget(params))
+    flags, chosen = combined_flags(checklist, max_len, techniques)
     baseline = arms.Arm(BASELINE, baseline_flags(max_len),
                         title="everything the article recommends switched off")
     if not chosen:
@@ -94,7 +133,7 @@ def plan(profile: Profile, params: Mapping[str, Any],
     # The article's combined checklist: every technique that helped, turned on
     # at once. It changes several knobs against the baseline by design: that
     # comparison is this notebook's point.
-    knob = tuple(name for row in chosen for name in TECHNIQUE_FLAGS[row])
+    knob = tuple(dict.fromkeys(name for row in chosen for name in techniques[row]))
     combined = arms.Arm(COMBINED, flags, knob=knob, title="combined: " + ", ".join(chosen))
     return arms.Plan("12_checklist", (baseline, combined))
 
@@ -106,7 +145,7 @@ def chosen_techniques(plan: arms.Plan) -> list[str]:
         return []
     flags = plan.arm(COMBINED).flags
     return [row for row, extra in TECHNIQUE_FLAGS.items()
-            if all(flags.get(k) == v for k, v in extra.items())]
+            if all(flags.get(k) not in (None, False) for k in extra)]
 
 
 def mixed_workload(n: int, *, seed: int = 0, long_share: float = 0.15,
@@ -348,7 +387,8 @@ def summary_figure(checklist: pd.DataFrame, sweep: pd.DataFrame, crosscheck: dic
     return fig
 
 
-__all__ = ["BASELINE", "COMBINED", "TECHNIQUE_FLAGS", "baseline_flags", "checklist_table",
+__all__ = ["BASELINE", "CHUNKED_PREFILL", "COMBINED", "TECHNIQUE_FLAGS", "baseline_flags",
+           "checklist_table", "chunk_budget", "technique_flags",
            "arm_capacity", "chosen_techniques", "combined_flags", "explore", "findings",
            "findings_source", "knees",
            "goodput_sweep", "mixed_workload", "plan", "summary_figure", "sweep_arms"]
