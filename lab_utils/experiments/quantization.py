@@ -47,11 +47,9 @@ from ..workloads import Tokenizer, served_tokenizer, synthetic_specs, warm_up
 
 @dataclasses.dataclass(frozen=True)
 class Arm(arms.Arm):
-    """A plan arm (`lab_utils.arms.Arm`: `role` None = the profile's main
-    model; `reference` the arm it differs from in one `knob`; a GPTQ/AWQ
-    checkpoint is read only with its --quantization, so those move together)
-    that also says what its `weights` are ("full", "int8", "int4", "fp8") and
-    which of the article's claims it tests ("int8" / "int4")."""
+    """A plan arm (`lab_utils.arms.Arm`; a GPTQ/AWQ checkpoint is read only
+    with its --quantization, so those move together) that also says what its
+    `weights` are ("full", "int8", "int4", "fp8") and the claim it tests."""
     weights: str = "full"
     claim: str | None = None
     #: the `lab_utils.capabilities` candidate that says whether it runs on
@@ -202,15 +200,11 @@ def arm_table(profile: Profile, names: Sequence[str]) -> pd.DataFrame:
 
 
 def plan(profile: Profile, params: Mapping[str, Any], caps=None) -> arms.Plan:
-    """The notebook's engines: the arms asked for (`params["arms"]`, or
-    `default_arms`), each preceded by its one-knob reference, without the arms
-    this target cannot serve (each in the plan's notes with the reason: this
-    machine's probe, a role the profile has no model for, a remote server:
-    `lab_utils.arms.catalogue_plan`). The first arm is the baseline. A
-    quantized arm is optional: one whose server does not start (a format this
-    device's build lacks) is skipped with the log's root cause. With no arm to
-    compare (a remote server, which serves one model with fixed flags) the
-    plan measures the served model alone ("full"), with a note."""
+    """The arms asked for (`params["arms"]`, or `default_arms`), each after its
+    one-knob reference, without those this target cannot serve (noted with
+    the probe's or the profile's reason: `lab_utils.arms.catalogue_plan`).
+    Quantized arms are optional (a server that does not start is skipped).
+    With no arm asked (remote) the served model is measured alone ("full")."""
     asked, notes = list(params.get("arms") or default_arms(profile, caps)), []
     if not asked:
         notes.append(f"no quantized arm on profile {profile.name!r}: the server's own weights "
@@ -234,10 +228,8 @@ def prepare_checkpoints(profile: Profile, names: Sequence[str], *,
 
 
 def engine_for(ctx, a: Arm, *, planned: bool = True):
-    """Start (or reuse) the engine of arm `a` (`ctx.arm`: one of the plan's,
-    or, `planned=False`, any arm for Explore), or None (noted) if this target
-    cannot serve it (a `quantized:<recipe>` role is built when its engine
-    starts: `Profile.model_for`)."""
+    """The engine of arm `a` (`ctx.arm`; `planned=False`: any arm, for
+    Explore), or None (noted) if this target cannot serve it."""
     if not planned:
         why = runnable_here(ctx.profile, a.name) or arm_table(ctx.profile, [a.name]).loc[
             a.name, "skip_reason"]
@@ -318,11 +310,9 @@ def claim_verdict(claim: str | None, ppl_change_pct: float, *, compute_speedup: 
 
 @dataclasses.dataclass
 class Workload:
-    """What every arm is measured with (built once, identical for all arms):
-    `latency` completions of exactly `prompt_tokens` tokens producing exactly
-    `output_tokens` (other text each, the same for every arm), `prefill`
-    requests of the same lengths with other text and one output token, the
-    perplexity windows and how many quality questions to answer greedily."""
+    """What every arm is measured with (built once, the same for all arms):
+    completions of exactly `prompt_tokens` producing `output_tokens`, prefill-only
+    ones of other text, perplexity windows and the number of questions."""
     latency: list[RequestSpec]
     prefill: list[RequestSpec]
     windows: list[list[int]]
@@ -348,10 +338,8 @@ class Workload:
 
 def measure_arm(ctx, a: Arm, work: Workload, *, progress: bool = True,
                 planned: bool = True) -> dict[str, pd.DataFrame]:
-    """All measurements of one arm on one engine start: weight memory, one
-    warm-up request, perplexity windows, prefill-only then sequential latency
-    requests (their worker CPU time: `host.measured_compute`), and the quality
-    questions (a few in flight: answers are greedy either way)."""
+    """One arm on one engine start: weight memory, a warm-up, perplexity,
+    prefill-only then latency requests (`host.measured_compute`), greedy answers."""
     engine = engine_for(ctx, a, planned=planned)
     if engine is None:
         return {}
@@ -382,11 +370,9 @@ def measure_arm(ctx, a: Arm, work: Workload, *, progress: bool = True,
 
 
 def run_arms(ctx, work: Workload, *, progress: bool = True) -> dict[str, pd.DataFrame]:
-    """Every arm of the notebook's plan, one engine start each, in order.
-    Returns concatenated frames: latency, itl, perplexity, answers, memory,
-    compute. Arms the target cannot serve are skipped and noted (`ctx.arm`:
-    a quantized arm whose server does not start is optional), as is one
-    that fails while measured."""
+    """Every arm of the plan in order, one engine start each: concatenated
+    frames. An arm the target cannot serve (`ctx.arm`) or that fails while
+    measured is skipped and noted."""
     frames: dict[str, list[pd.DataFrame]] = {}
     for n in ctx.plan.names:
         try:
@@ -401,15 +387,11 @@ def run_arms(ctx, work: Workload, *, progress: bool = True) -> dict[str, pd.Data
 
 
 def summarize(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """One row per arm: TTFT/TPOT median and p90 (ms), the median gap between
-    streamed tokens (ITL, pooled over the requests: the typical decode step,
-    robust to a few steps slowed down by other work on a shared machine),
-    worker CPU ms per prefill and per decode step (the compute, which a busy
-    machine delays but does not inflate) and the worker's share of the wall
-    time (1 = it had a core to itself), checkpoint MiB (its files, else vLLM's
-    "Checkpoint size"), the weights vLLM loaded (GiB, GPU runners), worker RSS
-    MiB, perplexity, accuracy, and agreement with each arm's reference and
-    with the first arm."""
+    """One row per arm: TTFT/TPOT median and p90 (ms), the pooled median gap
+    between streamed tokens (ITL: the typical decode step), worker CPU ms per
+    prefill and decode step and its share of the wall time, checkpoint MiB
+    (its files, else vLLM's "Checkpoint size"), weights loaded (GiB, GPU),
+    worker RSS, perplexity, accuracy, agreement with the reference and the first arm."""
     lat = frames.get("latency", pd.DataFrame())
     if lat.empty:
         return pd.DataFrame()
@@ -469,16 +451,12 @@ def _fmt(value: Any, spec: str) -> str:
 
 def findings(comparison: pd.DataFrame, memory: pd.DataFrame,
              latency: pd.DataFrame | None = None, device: str = "") -> list[dict[str, Any]]:
-    """The notebook's findings (`Results.add_findings`), per quantized arm
-    against its reference: TPOT, TTFT, worker compute per decode step and per
-    prefill (CPU profile), checkpoint size, the weights vLLM loaded (GPU),
-    perplexity and answer agreement; the mechanism cites vLLM's log
-    (quantization method and linear kernel), the weight bytes and the worker's
-    CPU share. With `latency` (per-request rows: arm, ok, ttft_ms, tpot_ms) the
-    TTFT and TPOT findings carry a bootstrap interval of their change. The
-    first INT8 arm answers the checklist's quantization row (the article's
-    table has one; INT8 is its first claim), its reason citing what vLLM chose
-    in this run on `device` (its log), not a table written elsewhere."""
+    """The findings per quantized arm against its reference: TPOT, TTFT, worker
+    compute per decode step and prefill (CPU), checkpoint size, weights loaded
+    (GPU), perplexity, answer agreement; the mechanism cites vLLM's log. With
+    `latency` (per-request rows) TTFT and TPOT carry a bootstrap interval. The
+    first INT8 arm answers the checklist's quantization row, its reason citing
+    what vLLM chose in this run on `device`, not a table written elsewhere."""
     mem = memory.set_index("arm") if len(memory) else pd.DataFrame()
     where = f" on {device}" if device else ""
 
