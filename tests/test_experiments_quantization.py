@@ -373,3 +373,30 @@ def test_findings_without_cpu_clock_or_local_checkpoints(tmp_path):
     assert any(n.startswith("not recorded: quantization") and "checkpoint size" in n
                for n in results.data["notes"])
     assert table.verdict.iloc[0].startswith("median decode step speed-up")
+
+
+def test_hub_checkpoints_take_vllms_logged_sizes_and_weights(tmp_path):
+    """A GPU run of hub checkpoints: no local files, so checkpoint size is
+    vLLM's logged "Checkpoint size" (GiB -> MiB), and the weights' device
+    memory ("Model loading took X GiB") is a finding of its own; the
+    checklist's reason names the device and the kernel vLLM logged."""
+    from lab_utils.results import Results
+    from lab_utils.vllm_logs import parse_server_log
+    log = ("Checkpoint size: 14.19 GiB\nModel loading took 14.25 GiB memory and 3.1 seconds\n")
+    assert parse_server_log(log)["model_loading_gib"] == 14.25  # the parser the run uses
+    frames = _frames()
+    frames["memory"]["checkpoint_mib"] = [None, None]
+    frames["memory"]["checkpoint_gib"] = [14.19, 8.11]
+    frames["memory"]["model_loading_gib"] = [14.25, 8.2]
+    frames["memory"]["kernels"] = ["", "CutlassFP8ScaledMMLinearKernel"]
+    frames.pop("compute")
+    s = q.summarize(frames)
+    assert s.loc["full", "checkpoint_mib"] == pytest.approx(14.19 * 1024)
+    c = q.compare(s)
+    assert c.loc["int8_w8a8", "model_loading_gib_ref"] == 14.25
+    results = Results("05_gpu", tmp_path)
+    table = results.add_findings(q.findings(c, frames["memory"], device="cuda"))
+    loaded = table[table.metric == "weight memory vLLM loaded (GiB)"].iloc[0]
+    assert (loaded.baseline, loaded.treated) == (14.25, 8.2)
+    reason = results.data["findings"][0]["reason"]
+    assert "on cuda" in reason and "CutlassFP8ScaledMMLinearKernel" in reason
