@@ -43,18 +43,18 @@ def short(command: str, tokens: int = 2048) -> str:
 def test_the_gpu_plans_distinct_configurations(smoke, params):
     """By hand, on the gpu profile with its parameter tables: the profile's
     flags alone (00, 07, 08, 10: 1), 01's off and three budgets (4), 02's
-    cache off / on, which 03 shares (2), 05's bf16 baseline and four
-    checkpoints (5), 06's two KV dtypes (2), 09's two policies (2), 11's two
-    tiers with their shares (2), 12's baseline (1): 19. 04 is left out: its
-    plan is refused on this profile today."""
+    cache off / on, which 03 shares (2), 04's baseline, n-gram and draft arms,
+    all on vLLM's V1 model runner so none is the profile's own (3), 05's bf16
+    baseline and four checkpoints (5), 06's two KV dtypes (2), 09's two
+    policies (2), 11's two tiers with their shares (2), 12's baseline (1): 22."""
     gpu = load_profile("gpu")
-    everything_but_04 = ["00", "01", "02", "03", "05", "06", "07", "08", "09", "10", "11", "12"]
-    configs, _ = smoke.configurations(gpu, H100, everything_but_04, params)
-    assert len(configs) == 19
+    all_but_13 = ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12"]
+    configs, _ = smoke.configurations(gpu, H100, all_but_13, params)
+    assert len(configs) == 22
     commands = [c.command for c in configs]
-    assert len(set(commands)) == 19
+    assert len(set(commands)) == 22
     checks = checker.check_all(gpu, H100, params=params)
-    assert {c.notebook for c in checks if c.plan is None} == {"04_speculative_decoding"}
+    assert {c.notebook for c in checks if c.plan is None} == set()
     expected = {short(e.command) for c in checks for e in c.engines}
     all_configs, _ = smoke.configurations(gpu, H100, None, params)
     assert {c.command for c in all_configs} == expected
@@ -70,12 +70,12 @@ def test_dry_run_prints_every_configuration_and_the_plan_problems(smoke, params,
     import json
     code = smoke.main(["--dry-run", "-p", "findings_dir", json.dumps(params["findings_dir"])])
     out = capsys.readouterr().out
-    assert code == 1, "04's refused plan is a problem to report"
-    # The 19 above and 13's two replicas, each on its own GPU.
-    assert "21 distinct engine configurations of profile 'gpu'" in out
-    assert out.count("vllm serve ") == 21 and "PASS" not in out and "FAIL" not in out
-    assert "PLAN PROBLEM 04_speculative_decoding" in out
-    assert "21 configurations: not started (--dry-run); 1 plan problems" in out
+    assert code == 0, out[-2000:]
+    # The 22 above and 13's two replicas, each on its own GPU.
+    assert "24 distinct engine configurations of profile 'gpu'" in out
+    assert out.count("vllm serve ") == 24 and "PASS" not in out and "FAIL" not in out
+    assert "PLAN PROBLEM" not in out
+    assert "24 configurations: not started (--dry-run); 0 plan problems" in out
     code = smoke.main(["--dry-run", "--only", "00", "--max-model-len", "1024"])
     out = capsys.readouterr().out
     assert code == 0 and "--max-model-len 1024" in out and "0 plan problems" in out
