@@ -58,13 +58,14 @@ def test_every_result_names_its_machine(smoke_results):
 
 
 #: Where a notebook starts other engines than its plan's command lines say,
-#: today: what differs, and why. 06 drops VLLM_CPU_KVCACHE_SPACE from the
-#: profile's env when it starts its arms (fp8_kv_cache.use_kv_budget: vLLM's
-#: CPU build would take it over --kv-cache-memory-bytes), which its plan
+#: today: what differs, and why. 06 and 13 drop VLLM_CPU_KVCACHE_SPACE from
+#: the profile's env when they start their engines (kv_memory.byte_budget_profile:
+#: vLLM's CPU build would take it over --kv-cache-memory-bytes), which a plan
 #: cannot declare (an arm's env only adds variables), so the plan checker
 #: prints and sizes a command with the variable set. The fix: a plan that
-#: says so (an env entry that removes a variable), then drop the entry here.
-KNOWN_UNPLANNED = {"06_fp8_kv_cache": {"env only in the plan": ["VLLM_CPU_KVCACHE_SPACE"]}}
+#: says so (an env entry that removes a variable), then drop the entries here.
+KNOWN_UNPLANNED = {notebook: {"env only in the plan": ["VLLM_CPU_KVCACHE_SPACE"]}
+                   for notebook in ("06_fp8_kv_cache", "13_replica_routing")}
 
 
 def split_command(command: str) -> tuple[dict[str, str], list[str]]:

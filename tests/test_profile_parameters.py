@@ -245,10 +245,13 @@ def test_no_notebooks_own_parameters_cell_looks_like_papermills():
 # --------------------------------------------------------------------------
 
 @pytest.mark.engine
-def test_in_a_kernel_runall_and_papermill_values_win(tmp_path):
+def test_in_a_kernel_runall_and_papermill_values_win(tmp_path, monkeypatch):
     """A notebook with 01's parameters cell and its setup (no plan, so no
     engine): through runall with an explicit value equal to the notebook's
-    default, and through papermill alone."""
+    default, and through papermill alone. Outside a smoke run: `make test`
+    sets LAB_SMOKE, under which setup takes the smoke set instead."""
+    monkeypatch.delenv("LAB_SMOKE", raising=False)
+    monkeypatch.delenv("LAB_SMOKE_RESULTS", raising=False)
     import nbformat
     import papermill as pm
     from nbformat.v4 import new_code_cell, new_notebook
