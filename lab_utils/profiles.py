@@ -52,6 +52,13 @@ class Profile:
     #: and applied by `lab.setup` and `runall` under explicit values.
     parameters: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
+    @property
+    def serving(self) -> str:
+        """What serves this profile's runs, for the text of findings: the
+        device and the served model ("cpu, smollm2-135m")."""
+        model = self.served_model_name or self.model or "the server's model"
+        return f"{self.device}, {model}"
+
     def parameters_for(self, notebook: str) -> dict[str, Any]:
         """This profile's defaults for `notebook` (e.g. "01_chunked_prefill")."""
         return dict(self.parameters.get(notebook, {}))

@@ -301,6 +301,7 @@ def test_findings_cover_the_issue_list():
     assert (out[-1]["baseline"], out[-1]["treated"]) == (2.0, 1.0)
     assert "draft 6L k=2: 0/1" in out[-1]["mechanism"]
     assert out[0]["checklist"] == sd.CHECKLIST_ROW and "best case" in out[0]["reason"]
+    assert "CPU" not in out[0]["reason"] and "135M" not in out[0]["reason"]  # device-true
     assert sum("checklist" in f for f in out) == 1
     for f in out:  # without per-request rows there are no samples to bootstrap
         assert {"technique", "metric", "baseline", "treated", "article_claim",

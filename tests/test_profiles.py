@@ -433,3 +433,11 @@ def test_derived_model_refs_fail_with_the_fix(ref, fix, monkeypatch):
     p = dataclasses.replace(load_profile("cpu"), models={"x": ref})
     with pytest.raises(ConfigError, match=fix):
         p.model_for("x")
+
+
+def test_serving_names_the_device_and_the_served_model():
+    from lab_utils import load_profile
+    assert load_profile("cpu").serving == "cpu, smollm2-135m"
+    assert load_profile("gpu").serving == "cuda, qwen2.5-7b-instruct"
+    assert load_profile("remote", base_url="http://127.0.0.1:9").serving == \
+        "remote, the server's model"

@@ -303,7 +303,8 @@ CHECKLIST_ROW = "speculative decoding:tpot"
 
 
 def findings(runs: pd.DataFrame, identity: pd.DataFrame, *, high_concurrency: int,
-             article_claim: str, requests: pd.DataFrame | None = None) -> list[dict[str, Any]]:
+             article_claim: str, requests: pd.DataFrame | None = None,
+             served: str = "") -> list[dict[str, Any]]:
     """The notebook's findings as `Results.add_finding` keyword arguments: TPOT
     median baseline -> first n-gram arm (code edits, chat, high load), the
     n-gram acceptance rate (chat -> code edits), the first draft arm's TPOT,
@@ -311,7 +312,8 @@ def findings(runs: pd.DataFrame, identity: pd.DataFrame, *, high_concurrency: in
 
     With `requests` (per-request rows) each TPOT finding carries its samples
     for a bootstrap interval. The n-gram code-edit finding answers the
-    article's table row (`checklist`), with a `reason` naming its scope."""
+    article's table row (`checklist`), with a `reason` naming its scope and
+    `served` (what served this run, e.g. "cpu, smollm2-135m-instruct")."""
     names = list(dict.fromkeys(runs.arm)) if len(runs) else []
     method = dict(zip(runs.arm, runs.method)) if len(runs) else {}
     ngram = next((a for a in names if method[a] == "ngram"), None)
@@ -342,8 +344,8 @@ def findings(runs: pd.DataFrame, identity: pd.DataFrame, *, high_concurrency: in
         if arm == ngram and workload == "code_edit" and conc == 1:
             f["checklist"] = CHECKLIST_ROW
             f["reason"] = ("n-gram prompt lookup on code edits whose answers copy the prompt "
-                           "(its best case); the article's draft model has no trained small "
-                           "draft here (see the draft-model findings); CPU, 135M model")
+                           "(its best case); the article's draft model is measured in the "
+                           "draft-model findings" + (f"; measured on {served}" if served else ""))
         out.append(f)
 
     tpot("speculative decoding: n-gram, code edits", ngram, "code_edit", 1,
