@@ -178,3 +178,79 @@ def test_consistent_hash_without_a_key_sends_every_chat_to_one_replica(fresh, tm
     chat request gets the same (empty) key."""
     route(fresh, "consistent_hash", tenant_specs(range(8)), tmp_path)
     assert sorted(len(f.requests) for f in fresh) == [0, 0, 8]
+
+
+def _routers_marked(mark: str) -> list[int]:
+    """Live router processes (vllm-router titles itself `vllm::router`) whose
+    environment carries `LAB_TEST_MARK=mark`, i.e. started under this test's run."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if (p.info["status"] != psutil.STATUS_ZOMBIE
+                    and "router" in " ".join(p.info["cmdline"] or [])
+                    and p.environ().get("LAB_TEST_MARK") == mark):
+                out.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+@needs_router
+def test_ctrl_c_on_a_run_leaves_no_router_running(fresh, tmp_path):
+    """Ctrl-C on `runall` while a notebook sends requests through the router
+    (as 13 does): the run stops with 130 and no router outlives it."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from lab_utils.paths import REPO_ROOT
+    from lab_utils.server import orphan_servers
+
+    urls = [f.base_url for f in fresh[:2]]
+    nb_dir, runs, log = tmp_path / "nbs", tmp_path / "runs", tmp_path / "router.log"
+    nb_dir.mkdir()
+    nb = new_notebook(cells=[
+        new_code_cell("profile = 'cpu'", metadata={"tags": ["parameters"]}),
+        new_code_cell(
+            "from lab_utils.client import Client, Load, RequestSpec\n"
+            "from lab_utils.router import RouterServer\n"
+            f"with RouterServer({urls!r}, 'round_robin', log_path={str(log)!r}) as router:\n"
+            "    spec = [RequestSpec(messages=[{'role': 'user', 'content': 'hi'}], max_tokens=2)]\n"
+            "    while True:  # until interrupted\n"
+            "        Client(router.base_url, 'chat').run(spec, Load.sequential(), label='t',\n"
+            "                                            progress=False)\n")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, nb_dir / "00_route.ipynb")
+    mark = f"ctrl-c-{os.getpid()}-{time.time_ns()}"
+    proc = subprocess.Popen([sys.executable, "-m", "lab_utils.runall", "--runs-dir", str(runs),
+                             "--notebooks-dir", str(nb_dir)], cwd=REPO_ROOT,
+                            env={**os.environ, "LAB_TEST_MARK": mark},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (fresh[0].requests and fresh[1].requests) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.2)
+        assert fresh[0].requests and fresh[1].requests, "the router never served both replicas"
+        assert _routers_marked(mark), "the router is not running mid-run"
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal signals the whole group
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out
+    status = json.loads(next(runs.glob("2*/status.json")).read_text())
+    assert status["notebooks"][0]["status"] == "interrupted"
+    deadline = time.monotonic() + 30
+    while _routers_marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _routers_marked(mark) == [], "the router outlived the interrupted run"
+    assert orphan_servers() == []
+    served = len(fresh[0].requests) + len(fresh[1].requests)
+    time.sleep(1.0)
+    assert len(fresh[0].requests) + len(fresh[1].requests) == served, "requests still arrive"
