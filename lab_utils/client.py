@@ -214,16 +214,22 @@ class Client:
     """Streams requests to `base_url` (an OpenAI-compatible server)."""
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
-                 timeout_s: float = 600.0, max_connections: int = 0):
+                 timeout_s: float = 600.0, max_connections: int = 0,
+                 request_fields: Callable[[], dict[str, Any]] | None = None):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.max_connections = max_connections
+        #: Called once per request; its fields are added to the body (a remote
+        #: arm's emulation, e.g. a unique cache_salt: lab_utils.remote).
+        self.request_fields = request_fields
 
     @classmethod
     def for_engine(cls, engine, **kw: Any) -> Client:
-        return cls(engine.base_url, engine.model, api_key=engine.api_key, **kw)
+        fields = getattr(engine, "request_fields", None)
+        return cls(engine.base_url, engine.model, api_key=engine.api_key,
+                   request_fields=fields if getattr(engine, "emulation", None) else None, **kw)
 
     def _session(self) -> aiohttp.ClientSession:
         conn = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=30,
@@ -243,6 +249,8 @@ class Client:
         rec = RequestRecord(index=index, tag=spec.tag, label=label)
         url = f"{self.base_url}/v1/{'chat/completions' if spec.api == 'chat' else 'completions'}"
         body = spec.payload(self.model)
+        if self.request_fields is not None:
+            body.update(self.request_fields())
         text_parts: list[str] = []
         rec.send_time = time.time()
         st = rec.start = time.perf_counter()

@@ -160,7 +160,12 @@ def block_size_of(engine, default: int | None = None) -> int | None:
 
 def prefix_caching_of(engine) -> bool | None:
     """Whether the server runs with prefix caching, as it reports it itself
-    (`cache_config_info`), else as its flags say; None when neither tells."""
+    (`cache_config_info`), else as its flags say; None when neither tells.
+    An arm whose requests each carry a fresh `cache_salt` (a remote server's
+    "off", emulated: lab_utils.remote) cannot hit: False."""
+    emulation = getattr(engine, "emulation", None)
+    if emulation is not None and getattr(emulation, "name", "") == "cache_salt":
+        return False
     value = (getattr(engine, "info", None) or {}).get("cache_config", {}) \
         .get("enable_prefix_caching")
     if value is None:

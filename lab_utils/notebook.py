@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import difflib
 import json
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,7 +257,8 @@ class NotebookContext:
                     f"{engine_key(role, flags, env)}. Declare it as an arm in the experiment "
                     f"module's plan() (declared: {[a.key for a in self.plan.arms]}), or use "
                     "ctx.any_engine(...) for an Explore widget")
-        return self._start(role, env, flags, arm.name if arm else None)
+        return self._start(role, env, flags, arm.name if arm else None,
+                           knobs=self.plan if self.plan is not None else None)
 
     def any_engine(self, role: str | None = None, *, env: Mapping[str, str] | None = None,
                    **flags: Any):
@@ -268,11 +270,13 @@ class NotebookContext:
             print(f"cannot explore this engine here: {exc}")
             return None
 
-    def _start(self, role, env, flags, arm_name):
-        engine = self.engines.get(role, env=env, **flags)
+    def _start(self, role, env, flags, arm_name, knobs=None):
+        engine = self.engines.get(role, env=env, knobs=knobs, **flags)
         engine.arm = arm_name
         started = f", started in {engine.server.startup_s:.1f} s" if engine.server else ""
         print(f"[{arm_name or engine.label}] {engine.command}{started}")
+        for note in engine.remote_notes:
+            print(f"  remote: {note}")
         self.results.add_engine(engine)
         return engine
 
@@ -360,7 +364,28 @@ def setup(name: str, namespace: dict[str, Any],
         print(declared.describe())
     engines = EnginePool(profile, log_dir=results_dir / "logs" / name,
                          keep=declared.keep if declared else 1)
+    if profile.is_remote:
+        describe_remote(engines, results, declared)
     return NotebookContext(name, profile, engines, results, params, declared)
+
+
+def describe_remote(engines: EnginePool, results: Results, plan: Plan | None) -> None:
+    """Print and record what the remote server is and where each of the
+    plan's arms runs there (as it is, emulated, mapped, or skipped, and why)."""
+    from .remote import Placement, describe_placements, place
+    info = engines.server_info()
+    print(info.describe())
+    results.data["server"] = info.to_dict()
+    if plan is not None:
+        mapped = json.loads(os.environ.get("LAB_REMOTE_ARMS", "{}") or "{}")
+        placed = {a.name: (Placement(mapped[a.key], notes=["mapped in LAB_REMOTE_ARMS"])
+                           if a.key in mapped else place(a, plan, info)) for a in plan.arms}
+        print("arms on the remote server:\n" + describe_placements(placed))
+        results.data["remote_arms"] = {
+            n: ({"runs": p.label, "emulated": p.emulation.what if p.emulation else None,
+                 "notes": p.notes} if isinstance(p, Placement) else {"skipped": p})
+            for n, p in placed.items()}
+    results.save()
 
 
 def explore(function: Callable[..., Any], **controls: Any):

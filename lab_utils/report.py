@@ -150,6 +150,27 @@ def _load_section(results: dict[str, dict]) -> list[str]:
             "|---|---|---|---|", *rows]
 
 
+def _arms_section(results: dict[str, dict]) -> list[str]:
+    """The remote server the run measured (what it told of itself), and every
+    arm that did not run as declared: skipped (why) or emulated (how)."""
+    md: list[str] = []
+    server = next((d["server"] for d in results.values() if d.get("server")), None)
+    if server:
+        from .remote import ServerInfo
+        md += ["", "## Remote server", "", ServerInfo(**server).describe()]
+    rows = []
+    for name, data in results.items():
+        for arm, why in (data.get("skipped_arms") or {}).items():
+            rows.append(f"| {name} | {arm} | skipped | {why.replace('|', '/')} |")
+        for arm, how in (data.get("remote_arms") or {}).items():
+            if how.get("emulated"):
+                rows.append(f"| {name} | {arm} | emulated | {how['emulated']} |")
+    if rows:
+        md += ["", "## Arms not run as declared", "", "| notebook | arm | how | why |",
+               "|---|---|---|---|", *rows]
+    return md
+
+
 def build_index(run_dir: str | Path) -> tuple[Path, Path]:
     """Write `index.md` and `index.html` for a run folder made by runall."""
     run_dir = Path(run_dir)
@@ -171,6 +192,7 @@ def build_index(run_dir: str | Path) -> tuple[Path, Path]:
         for nb in errors:
             md += [f"### {nb['name']}", "", "```", nb["error"].strip()[-3000:], "```", ""]
     md += _checklist_section(results.get("12_checklist"))
+    md += _arms_section(results)
     md += _load_section(results)
     md += ["", "## Findings", "",
            "| notebook | " + " | ".join(FINDING_COLUMNS) + " |",

@@ -42,6 +42,24 @@ def _wait_for_no_orphans(timeout_s: float = 30) -> list[tuple[int, str]]:
     return leaks
 
 
+def nothing_measured(results_dir: Path, name: str) -> str | None:
+    """Why a notebook that ran measured nothing (every arm skipped: no arm, no
+    finding, no request record), or None when it measured something."""
+    path = Path(results_dir) / f"{name}.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # no results file: nothing to judge by (not a lab notebook)
+    records = Path(results_dir) / name
+    if data.get("arms") or data.get("findings") or any(
+            f.stat().st_size for f in records.glob("*.jsonl")):
+        return None
+    skipped = data.get("skipped_arms") or {}
+    if skipped:
+        return "; ".join(f"{arm}: {why}" for arm, why in skipped.items())
+    return "no arm ran and nothing was recorded"
+
+
 def kernel_config():
     """Kernels papermill starts get CurveZMQ keys from jupyter_client (its
     `transport_encryption`, "auto": where the kernelspec declares "curve", as
@@ -109,6 +127,9 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
                                 cwd=str(notebooks_dir), progress_bar=False,
                                 report_mode=False, config=kernel_config())
             entry["status"] = "ok"
+            why = nothing_measured(run_dir / "results", path.stem)
+            if why is not None:  # it ran, but every arm was skipped: never "ok"
+                entry["status"], entry["skipped"] = "skipped", why
         except KeyboardInterrupt:
             entry["status"] = "interrupted"
             entry["seconds"] = round(time.perf_counter() - t0, 1)
@@ -119,6 +140,13 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
             print(f"interrupted: results so far are in {run_dir}", flush=True)
             return 130
         except Exception as exc:  # a failing notebook must not stop the others
+            if getattr(exc, "ename", "") == "NotebookSkipped":  # the target cannot serve it
+                entry["status"], entry["skipped"] = "skipped", str(getattr(exc, "evalue", exc))
+                entry["seconds"] = round(time.perf_counter() - t0, 1)
+                save_status()
+                print(f"skipped ({entry['seconds']} s): {entry['skipped'][:200]}", flush=True)
+                _wait_for_no_orphans()
+                continue
             entry["status"] = "failed"
             entry["error"] = (str(exc) if exc.__class__.__name__ == "PapermillExecutionError"
                               else traceback.format_exc())

@@ -257,12 +257,22 @@ class Engine:
     info: dict[str, Any] = field(default_factory=dict)
     role: str | None = None          # another model of the profile (e.g. "awq")
     arm: str | None = None           # the notebook plan's arm it serves (lab_utils.arms)
+    #: A remote arm's setting emulated per request (lab_utils.remote), and
+    #: what a reader must know of how the remote server serves this arm.
+    emulation: Any = None
+    remote_notes: list[str] = field(default_factory=list)
 
     @property
     def command(self) -> str:
         if self.server is not None:
             return self.server.command
-        return f"(remote server at {self.base_url})"
+        how = f"; {self.emulation.name} per request" if self.emulation else ""
+        return f"(remote server at {self.base_url}{how})"
+
+    def request_fields(self) -> dict[str, Any]:
+        """Fields every request to this engine carries (a new set per request):
+        the remote emulation's, e.g. a unique `cache_salt`; {} otherwise."""
+        return self.emulation.request_fields() if self.emulation else {}
 
     @property
     def label(self) -> str:
@@ -281,7 +291,10 @@ class Engine:
                 "base_url": self.base_url, "model": self.model,
                 "startup_s": self.server.startup_s if self.server else None,
                 "log": str(self.server.log_path) if self.server else None,
-                "binding": binding, **self.info}
+                "binding": binding,
+                **({"emulated": self.emulation.what} if self.emulation else {}),
+                **({"remote_notes": self.remote_notes} if self.remote_notes else {}),
+                **self.info}
 
 
 def flags_label(flags: Mapping[str, Any]) -> str:
@@ -309,15 +322,26 @@ class EnginePool:
         self.keep = max(1, int(keep))
         self._engines: dict[str, Engine] = {}
         self._starts = 0
+        self._server_info = None
         _install_sigterm_handler()
 
+    def server_info(self):
+        """What the remote target is (`lab_utils.remote.read_server`), read once."""
+        if self._server_info is None:
+            from .remote import read_server
+            self._server_info = read_server(self.profile.base_url, self.profile.api_key)
+        return self._server_info
+
     def get(self, role: str | None = None, *, env: Mapping[str, str] | None = None,
-            **flags: Any) -> Engine:
+            knobs: Any = None, **flags: Any) -> Engine:
         """The engine for these technique flags (started if needed).
 
         `role` picks another model of the profile (e.g. 'small', 'awq');
         `env` adds environment variables for this engine only (e.g.
-        VLLM_CPU_OMP_THREADS_BIND), on top of the profile's [env]."""
+        VLLM_CPU_OMP_THREADS_BIND), on top of the profile's [env]. On a remote
+        target, `knobs` (a set of flag names, or the notebook's Plan) are the
+        flags the notebook compares: an arm setting one the server does not
+        tell is unavailable (`lab_utils.remote.place`); None: every flag given."""
         env = {str(k): str(v) for k, v in (env or {}).items()}
         label = {**flags, **({"model_role": role} if role else {}),
                  **{f"env:{k}": v for k, v in env.items()}}
@@ -326,27 +350,46 @@ class EnginePool:
         if engine is not None and (engine.server is None or engine.server.alive):
             return engine
         if self.profile.is_remote:
-            engine = self._remote(key, label)
+            engine = self._remote(key, label, role, env, flags, knobs)
         else:
             engine = self._start(key, role, flags, env)
             engine.role = role
         self._engines[key] = engine
         return engine
 
-    def _remote(self, key: str, flags: dict[str, Any]) -> Engine:
+    def _remote(self, key: str, label: dict[str, Any], role: str | None,
+                env: Mapping[str, str], flags: Mapping[str, Any], knobs: Any = None) -> Engine:
+        """A remote arm: on the server mapped to it in LAB_REMOTE_ARMS, else on
+        the target itself where it runs as the server is or emulated per
+        request (`lab_utils.remote.place`), else ArmUnavailable naming why."""
+        from .arms import Arm
+        from .remote import Placement, place
         p = self.profile
-        url = p.base_url
-        if flags:
-            arms = json.loads(os.environ.get("LAB_REMOTE_ARMS", "{}") or "{}")
-            if key not in arms:
-                raise ArmUnavailable(
-                    f"this arm needs a server started with {flags_to_cli(p, flags)}; the "
-                    f"remote target cannot change its flags. Start such a server and map it: "
-                    f"LAB_REMOTE_ARMS='{{\"{key}\": \"http://HOST:PORT\"}}'")
+        arms = json.loads(os.environ.get("LAB_REMOTE_ARMS", "{}") or "{}")
+        if label and key in arms:
             url = arms[key].rstrip("/")
-        model = p.served_model_name or _server_model_name(url, p.api_key)
-        return Engine(p, dict(flags), url, model, api_key=p.api_key,
-                      info={"cache_config": cache_config(url, p.api_key)})
+            model = p.served_model_name or _server_model_name(url, p.api_key)
+            return Engine(p, dict(label), url, model, api_key=p.api_key,
+                          remote_notes=[f"mapped in LAB_REMOTE_ARMS to {url}"],
+                          info={"cache_config": cache_config(url, p.api_key)})
+        if role is not None:  # another model: never the target's own, whatever it is
+            rest = {k: v for k, v in label.items() if k != "model_role"}
+            flags = f" with {flags_to_cli(p, rest)}" if rest else ""
+            raise ArmUnavailable(
+                f"it serves another model (role {role!r}) than the remote server's. Start a "
+                f"vLLM server of that model{flags} and map it: {remote_arms_hint(key)}")
+        info = self.server_info()
+        if knobs is None:
+            knobs = set(flags) | {f"env:{k}" for k in env}
+        placed = place(Arm("remote", flags=dict(flags), role=role, env=dict(env)), knobs, info)
+        if not isinstance(placed, Placement):
+            raise ArmUnavailable(
+                f"{placed}. Start a server with {flags_to_cli(p, label)} and map it: "
+                f"{remote_arms_hint(key)}")
+        model = p.served_model_name or info.model
+        return Engine(p, dict(label), placed.base_url, model, api_key=p.api_key,
+                      emulation=placed.emulation, remote_notes=placed.notes,
+                      info={"cache_config": info.cache})
 
     def _start(self, key: str, role: str | None, flags: dict[str, Any],
                env: Mapping[str, str] | None = None) -> Engine:
@@ -379,6 +422,12 @@ class EnginePool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def remote_arms_hint(key: str) -> str:
+    """The shell assignment that maps the arm `key` to a server of its own."""
+    import shlex
+    return "LAB_REMOTE_ARMS=" + shlex.quote(json.dumps({key: "http://HOST:PORT"}))
 
 
 def flags_to_cli(profile: Profile, flags: Mapping[str, Any]) -> str:

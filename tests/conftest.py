@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI
+from fake_vllm import FakeVLLM
 
 from lab_utils.profiles import load_profile
 from lab_utils.server import orphan_servers
@@ -25,6 +26,22 @@ def server():
 def fake(server):
     server.reset()
     return server
+
+
+@pytest.fixture(scope="module")
+def vllm_like():
+    """A stand-in for a vLLM server started with default flags
+    (tests/fake_vllm.py), per module: the `remote` profile's target."""
+    s = FakeVLLM().start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def remote(vllm_like, monkeypatch):
+    """The remote profile pointed at `vllm_like`, with no LAB_REMOTE_ARMS."""
+    monkeypatch.delenv("LAB_REMOTE_ARMS", raising=False)
+    return load_profile("remote", base_url=vllm_like.base_url)
 
 
 @pytest.fixture

@@ -66,7 +66,11 @@ def test_engine_key_is_the_pools_label():
     from lab_utils.server import ArmUnavailable
     with pytest.raises(ArmUnavailable) as err:
         pool.get(a.role, env=a.env, **a.flags)
-    assert f'"{a.key}"' in str(err.value)
+    # the message's assignment, as a shell reads it, maps exactly the plan's key
+    import json
+    import shlex
+    assignment = shlex.split(str(err.value).split("map it: ", 1)[1])[0]
+    assert json.loads(assignment.split("=", 1)[1]) == {a.key: "http://HOST:PORT"}
 
 
 def test_keep_follows_together():
@@ -97,16 +101,16 @@ def test_run_measures_served_arms_in_order_and_skips_the_rest():
         run(ctx, ["d"], lambda arm, engine: None)
 
 
-def test_context_refuses_an_engine_outside_the_plan_and_notes_skipped_arms(tmp_path):
+def test_context_refuses_an_engine_outside_the_plan_and_notes_skipped_arms(tmp_path, remote):
     from lab_utils.notebook import NotebookContext
     from lab_utils.results import Results
-    remote = load_profile("remote", base_url="http://127.0.0.1:9")
-    plan = Plan("nb", (Arm("base"), Arm("on", {"enable_prefix_caching": True},
-                                         knob="enable_prefix_caching")))
+    plan = Plan("nb", (Arm("base"), Arm("fp8", {"kv_cache_dtype": "fp8"},
+                                         knob="kv_cache_dtype")))
     results = Results("nb", tmp_path, "remote")
     ctx = NotebookContext("nb", remote, EnginePool(remote), results, {}, plan)
     with pytest.raises(ConfigError, match="does not declare"):
         ctx.engine(max_num_seqs=3)
-    assert ctx.arm("on") is None        # a remote server cannot change its flags
-    assert "on" in results.data["skipped_arms"]
-    assert any("arm 'on' skipped" in n for n in results.data["notes"])
+    assert ctx.arm("fp8") is None       # the server runs kv_cache_dtype auto, and says so
+    assert "kv_cache_dtype='auto'" in results.data["skipped_arms"]["fp8"]
+    assert any("arm 'fp8' skipped" in n for n in results.data["notes"])
+    assert ctx.arm("base") is not None

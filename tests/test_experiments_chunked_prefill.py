@@ -181,8 +181,7 @@ def test_plot_steps():
     fig = cp.plot_steps(runs)
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert labels == ["off: every step", "off: steps with prefill tokens"]
-    with pytest.raises(ValueError):
-        cp.plot_steps({"empty": runs["empty"]})
+    assert cp.plot_steps({"empty": runs["empty"]}) is None  # said, not raised (remote runs)
 
 
 def test_plan_compares_every_budget_with_off_and_the_threshold_with_its_budget():
@@ -200,9 +199,17 @@ def test_plan_compares_every_budget_with_off_and_the_threshold_with_its_budget()
     # at max_model_len itself only chunking changes
     same = cp.plan(cpu, {"budgets": [4096], "long_prefill_threshold": 0}).check()
     assert same.arms[1].knob == "enable_chunked_prefill"
-    # a remote server's log is out of reach: no step-log flag there
+    # a remote server tells neither chunking nor budget: the server as it runs, alone
+    remote = load_profile("remote", base_url="http://127.0.0.1:9")
+    assert cp.plan(remote, {"budgets": [256]}).check().names == ["server"]
+
+
+def test_a_remote_plan_with_a_mapped_arm_is_the_sweep_without_the_step_log(monkeypatch):
+    # its log is out of reach: no step-log flag there
+    monkeypatch.setenv("LAB_REMOTE_ARMS", '{"enable_chunked_prefill=False": "http://h:1"}')
     remote = cp.plan(load_profile("remote", base_url="http://127.0.0.1:9"), {"budgets": [256]})
     assert remote.check().baseline.flags == {"enable_chunked_prefill": False}
+    assert remote.names == ["off", "on, budget 256"]
 
 
 def _headline_table():
@@ -250,22 +257,27 @@ def test_findings_compare_off_with_the_smallest_budget(tmp_path):
         "on, budget 256: stall max ITL 300 ms, short TTFT p99 600 ms, long TTFT 2200 ms")
 
 
-def test_unavailable_arms_are_skipped_with_a_note(tmp_path):
+def test_unavailable_arms_are_skipped_with_a_note(tmp_path, remote, monkeypatch):
+    """On a default server (no /server_info) with one arm mapped elsewhere:
+    the mapped arm could run, the chunked one cannot be placed (its knobs are
+    not readable) and is skipped; nothing is compared, and nothing raises."""
     from lab_utils.notebook import setup
-    ctx = setup("01_chunked_prefill", {"profile": "remote", "base_url": "http://127.0.0.1:9",
+    monkeypatch.setenv("LAB_REMOTE_ARMS", '{"enable_chunked_prefill=False": "http://127.0.0.1:9"}')
+    ctx = setup("01_chunked_prefill", {"profile": "remote", "base_url": remote.base_url,
                                        "results_dir": str(tmp_path), "budgets": [256]},
                 plan=cp.plan)
     results = ctx.results
-    table, runs = cp.chunked_prefill_sweep(ctx)
+    table, runs = cp.chunked_prefill_sweep(ctx, ["on, budget 256"])
     assert table.empty and runs == {}
     assert "short_ttft_ms_p99" in table.columns  # the notebook's later cells still index it
     assert cp.headline_arms(table) == (None, None)
     with pytest.raises(RuntimeError, match="off=None"):
         cp.headline_rows(table)
-    with pytest.raises(RuntimeError, match="off=None"):
-        cp.findings(table)
-    assert sorted(results.data["skipped_arms"]) == ["off", "on, budget 256"]
-    assert cp.explore_arm(ctx, 0).empty        # a declared arm: skipped again
+    assert cp.findings(table) == []
+    assert "nothing to compare" in cp.run_summary(table)
+    assert "does not tell its own enable_chunked_prefill" in results.data["skipped_arms"][
+        "on, budget 256"]
+    assert results.data["remote_arms"]["off"]["notes"] == ["mapped in LAB_REMOTE_ARMS"]
     assert cp.explore_arm(ctx, 512).empty      # outside the plan: not served either
 
 

@@ -198,11 +198,31 @@ def test_findings_of_hand_made_frames(tmp_path):
     assert pc.block_rule_note(c) == "block rule: 512 shared -> 512 cached"
 
 
-def test_arms_a_remote_target_cannot_serve_are_skipped_with_a_note(tmp_path):
+def test_on_a_default_remote_server_off_is_emulated_and_never_hits(tmp_path, remote):
+    """A server with prefix caching on (tests/fake_vllm.py counts hits per
+    cache_salt as vLLM does): the off arm is emulated with a salt per request,
+    and its counters show no hit while the on arm's show some."""
     from lab_utils.notebook import setup
-    ctx = setup("02_prefix_caching", {"profile": "remote", "base_url": "http://127.0.0.1:9",
+    ctx = setup("02_prefix_caching", {"profile": "remote", "base_url": remote.base_url,
                                       "results_dir": str(tmp_path)}, plan=pc.plan)
-    frames = pc.run_arms(ctx)
-    assert all(f.empty and list(f.columns) == pc.SHOW for f in frames.values())
-    assert sorted(ctx.results.data["skipped_arms"]) == ["off", "on"]
-    assert pc.explore_prefix_length(ctx, "on", 512).empty
+    assert ctx.results.data["remote_arms"]["off"]["runs"] == "emulated"
+    assert ctx.results.data["remote_arms"]["on"]["runs"] == "as the server runs"
+    frames = pc.run_arms(ctx, system_requests=3, prefix_lengths=(0, 64), prefix_repeats=2,
+                         block_prefixes=(16, 17), block_repeats=2, max_tokens=2,
+                         progress=False)
+    assert "skipped_arms" not in ctx.results.data
+    arms = ctx.results.data["arms"]
+    hits = {"off": 0.0, "on": 0.0}
+    for label, a in arms.items():
+        hits[label.split("/")[0]] += a["counters"]["prefix_cache_hits"]
+    assert set(hits) == {"off", "on"}, sorted(arms)
+    assert hits["off"] == 0 and hits["on"] > 0, hits
+    assert not frames["system_prompt"].empty
+
+
+def test_an_unreachable_remote_server_fails_at_setup_naming_the_fix(tmp_path):
+    from lab_utils.errors import ServerError
+    from lab_utils.notebook import setup
+    with pytest.raises(ServerError, match="cannot reach the remote server.*LAB_REMOTE_URL"):
+        setup("02_prefix_caching", {"profile": "remote", "base_url": "http://127.0.0.1:9",
+                                    "results_dir": str(tmp_path)}, plan=pc.plan)

@@ -302,11 +302,9 @@ def test_quality_pass_scores_each_tier_with_its_confidence(monkeypatch):
     assert q.output_tokens.tolist() == [3, 2, 2, 3]
 
 
-def test_a_remote_engine_with_env_names_the_server_to_map(monkeypatch, tmp_path):
-    from lab_utils.profiles import load_profile
+def test_a_remote_engine_with_env_names_the_server_to_map(remote, tmp_path):
     from lab_utils.server import ArmUnavailable, EnginePool
-    monkeypatch.delenv("LAB_REMOTE_ARMS", raising=False)
-    pool = EnginePool(load_profile("remote", base_url="http://127.0.0.1:9"), log_dir=tmp_path)
+    pool = EnginePool(remote, log_dir=tmp_path)
     with pytest.raises(ArmUnavailable) as err:
         pool.get(env={"VLLM_CPU_OMP_THREADS_BIND": "0"})
     text = str(err.value)

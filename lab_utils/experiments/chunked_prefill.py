@@ -294,6 +294,19 @@ def sweep_arm(profile, chunked: bool, budget: int | None, threshold: int = 0) ->
     return arms.Arm(arm_label(chunked, budget, threshold), flags, title=title)
 
 
+#: The one arm of a remote run without mapped servers: the server as it runs.
+SERVER_ARM = arms.Arm("server", title="the remote server as it runs (its chunked-prefill "
+                      "setting and budget are not readable from outside)")
+
+
+def remote_arms_mapped(*declared: arms.Arm) -> bool:
+    """Whether LAB_REMOTE_ARMS maps any of these arms to a server of its own."""
+    import json
+    import os
+    mapped = json.loads(os.environ.get("LAB_REMOTE_ARMS", "{}") or "{}")
+    return any(a.key in mapped for a in declared)
+
+
 def plan(profile, params) -> arms.Plan:
     """Chunked prefill off (the baseline), then on at each budget of
     `params["budgets"]`, then, with `long_prefill_threshold` > 0, the
@@ -308,6 +321,12 @@ def plan(profile, params) -> arms.Plan:
     sweep = sweep_plan(params.get("budgets") or (),
                        threshold=int(params.get("long_prefill_threshold") or 0))
     off, *chunked = [sweep_arm(profile, *setting) for setting in sweep]
+    if profile.is_remote and not remote_arms_mapped(off, *chunked):
+        return arms.Plan("01_chunked_prefill", (SERVER_ARM,), notes=(
+            "a remote server tells neither whether it chunks prefills nor its budget "
+            "(max_num_batched_tokens), so no arm of the sweep can be placed on it: the mixed "
+            "workload runs on the server as it is, and nothing is compared (map other "
+            "servers to the sweep's arms with LAB_REMOTE_ARMS to compare)",))
     out, smallest = [off], None
     for a in chunked:
         if "long_prefill_token_threshold" in a.flags:
@@ -330,7 +349,7 @@ def plan(profile, params) -> arms.Plan:
 class ArmRun:
     """What one arm measured: its requests and the engine steps it logged."""
     label: str
-    chunked: bool
+    chunked: bool | None               # None: not known (a remote server as it runs)
     budget: int | None                 # max_num_batched_tokens (None = server default)
     run: Run
     threshold: int = 0                 # long_prefill_token_threshold (0 = none)
@@ -413,7 +432,8 @@ def run_arm(engine, workload: Schedule, arm: arms.Arm, *, long_prompt_tokens: in
         run = measure(engine, workload.specs, workload.load, label=arm.name, results=results,
                       progress=progress, workload=workload.description)
     flags = arm.flags
-    out = ArmRun(arm.name, bool(flags.get("enable_chunked_prefill")),
+    chunked = flags.get("enable_chunked_prefill")
+    out = ArmRun(arm.name, None if chunked is None else bool(chunked),
                  flags.get("max_num_batched_tokens"), run,
                  int(flags.get("long_prefill_token_threshold", 0)), log.read(),
                  (load_before + host_load()) / 2, gauges.summary())
@@ -467,8 +487,8 @@ def headline_arms(table: pd.DataFrame) -> tuple[str | None, str | None]:
     if table.empty or "chunked_prefill" not in table:
         return None, None
     thr = table.get("long_prefill_token_threshold", pd.Series(0, index=table.index)).fillna(0)
-    off = table[~table.chunked_prefill]
-    on = table[table.chunked_prefill & (thr == 0)].sort_values("max_num_batched_tokens")
+    off = table[table.chunked_prefill.eq(False)]
+    on = table[table.chunked_prefill.eq(True) & (thr == 0)].sort_values("max_num_batched_tokens")
     return (off.index[0] if len(off) else None), (on.index[0] if len(on) else None)
 
 
@@ -487,8 +507,10 @@ def findings(table: pd.DataFrame) -> list[dict[str, Any]]:
     (`headline_rows`): short-request TTFT p99 (the checklist's row), the decode
     stall, long-request TTFT and the engine's throughput while busy, each with
     the server's step log and histograms as its mechanism."""
+    off, on = headline_arms(table)
+    if off is None or on is None:
+        return []  # nothing to compare (the skipped arms are in the results' notes)
     b, t = headline_rows(table)
-    on = t.name
     steps = (f"largest prefill per engine step {b.max_prefill_tokens_per_step:.0f} -> "
              f"{t.max_prefill_tokens_per_step:.0f} tokens, longest step {b.max_step_ms:.0f} -> "
              f"{t.max_step_ms:.0f} ms (server step log)")
@@ -539,6 +561,21 @@ def _change(before: float, after: float) -> str:
     return f"{before:,.0f} → {after:,.0f} ms ({pct:+.0f}%)"
 
 
+def run_summary(table: pd.DataFrame) -> str:
+    """`this_run` of the headline pair, or what was measured without one."""
+    off, on = headline_arms(table)
+    if off is not None and on is not None:
+        return this_run(*headline_rows(table), on)
+    if table.empty:
+        return "No arm ran here, so there is nothing to compare (see the skipped arms above)."
+    lines = [f"- **{label}**: short-request TTFT p99 {row.short_ttft_ms_p99:,.0f} ms; decode "
+             f"stall (max ITL of requests streaming when a long prompt arrived) "
+             f"{row.stall_itl_ms_max:,.0f} ms; long-request TTFT {row.long_ttft_ms_median:,.0f} ms"
+             for label, row in table.iterrows()]
+    return ("In this run nothing is compared (chunked prefill off and on did not both run): "
+            "what each arm measured.\n\n" + "\n".join(lines))
+
+
 def this_run(b: pd.Series, t: pd.Series, label: str) -> str:
     """What this run measured, off against `label`, as Markdown sentences whose
     directions are read from the numbers (the notebook's conclusions cite it)."""
@@ -576,6 +613,6 @@ MECHANISM_COLUMNS = ["max_prefill_tokens_per_step", "max_step_ms", "prefill_step
 
 __all__ = ["ArmRun", "MECHANISM_COLUMNS", "PlacedLoad", "SUMMARY_COLUMNS", "StepLog",
            "arm_flags", "arm_label", "arm_notes", "arm_row", "chunked_prefill_sweep",
-           "explore_arm", "findings", "load_for", "place_load", "headline_arms", "headline_rows", "mixed_schedule", "mixed_workload",
+           "SERVER_ARM", "explore_arm", "findings", "remote_arms_mapped", "run_summary", "load_for", "place_load", "headline_arms", "headline_rows", "mixed_schedule", "mixed_workload",
            "parse_iteration_log", "plan", "plot_steps", "plot_sweep", "run_arm", "step_stats",
            "sweep_arm", "sweep_plan", "sweep_table", "this_run", "vllm_source"]

@@ -108,12 +108,15 @@ def plan(profile: Profile, params: Mapping[str, Any]) -> arms.Plan:
 
 def tier_engines(ctx) -> dict[str, Any]:
     """Both tiers' engines (the plan's arms), running side by side (the plan
-    keeps two alive); ConfigError if this target cannot serve one of them."""
+    keeps two alive); NotebookSkipped if this target cannot serve one of them."""
+    from ..errors import NotebookSkipped
     engines = {tier: ctx.arm(tier) for tier in TIERS}
     missing = [tier for tier, engine in engines.items() if engine is None]
     if missing:
-        raise ConfigError(f"model tiering needs both tiers; {missing} cannot run on profile "
-                          f"{ctx.profile.name!r} (the note above says why)")
+        whys = ctx.results.data.get("skipped_arms", {})
+        raise NotebookSkipped(f"model tiering needs both tiers; {missing} cannot run on "
+                              f"profile {ctx.profile.name!r}: "
+                              + "; ".join(str(whys.get(t, "")) for t in missing))
     return engines
 
 

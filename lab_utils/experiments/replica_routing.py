@@ -151,8 +151,11 @@ def replica_engines(ctx) -> list[Any]:
     engines = [ctx.arm(name) for name in ctx.plan.names]
     missing = [n for n, e in zip(ctx.plan.names, engines) if e is None]
     if missing:
-        raise ConfigError(f"replica routing needs every replica; {missing} cannot run on "
-                          f"profile {ctx.profile.name!r} (the note above says why)")
+        from ..errors import NotebookSkipped
+        whys = ctx.results.data.get("skipped_arms", {})
+        raise NotebookSkipped(f"replica routing needs every replica; {missing} cannot run on "
+                              f"profile {ctx.profile.name!r}: "
+                              + "; ".join(str(whys.get(n, "")) for n in missing))
     return engines
 
 

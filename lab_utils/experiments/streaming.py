@@ -410,16 +410,23 @@ def error_cases(app: AppServer, dead_app: AppServer | None = None) -> pd.DataFra
         ("longer than the context (vLLM's 400)", "/chat", {"json": {"messages": msgs,
                                                                     "max_tokens": 10**6}}),
     ]
+    def message(r) -> str:
+        """The error's message, or what came instead (a server that accepted it)."""
+        try:
+            return str(r.json()["error"]["message"])[:160]
+        except (ValueError, KeyError, TypeError):
+            return f"(no error: {r.text[:120]})"
+
     rows = []
     with httpx.Client(timeout=30) as client:
         for name, path, kw in cases:
             r = client.post(app.base_url + path, **kw)
             rows.append({"case": name, "path": path, "status": r.status_code,
-                         "message": r.json()["error"]["message"][:160]})
+                         "message": message(r)})
         if dead_app is not None:
             r = client.post(dead_app.base_url + "/chat", json={"messages": msgs})
             rows.append({"case": "vLLM not running", "path": "/chat", "status": r.status_code,
-                         "message": r.json()["error"]["message"][:160]})
+                         "message": message(r)})
     return pd.DataFrame(rows).set_index("case")
 
 

@@ -22,9 +22,11 @@ def plot_sweep(table: pd.DataFrame, title: str = "Chunked prefill: what the toke
               ("short_ttft_ms_p99", "short-request TTFT p99 (ms)", "Short requests: TTFT p99"),
               ("long_ttft_ms_median", "long-request TTFT median (ms)", "Long requests: TTFT")]
     thr = table.get("long_prefill_token_threshold", pd.Series(0, index=table.index)).fillna(0)
-    on = table[table.chunked_prefill & (thr == 0)].sort_values("max_num_batched_tokens")
-    capped = table[table.chunked_prefill & (thr > 0)]
-    off = table[~table.chunked_prefill]
+    chunked = table.chunked_prefill
+    on = table[chunked.eq(True) & (thr == 0)].sort_values("max_num_batched_tokens")
+    capped = table[chunked.eq(True) & (thr > 0)]
+    off = table[chunked.eq(False)]
+    unknown = table[~chunked.isin([True, False])]  # a remote server as it runs
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, (col, ylabel, name) in zip(axes, panels):
         if len(on):
@@ -39,6 +41,8 @@ def plot_sweep(table: pd.DataFrame, title: str = "Chunked prefill: what the toke
         for _, row in off.iterrows():
             ax.axhline(row[col], color="tab:red", linestyle="--",
                        label=f"chunked prefill off (budget {row.max_num_batched_tokens:g})")
+        for label, row in unknown.iterrows():
+            ax.axhline(row[col], color="tab:gray", linestyle=":", label=f"{label} (budget unknown)")
         ax.set_xlabel("max_num_batched_tokens (tokens per engine step)")
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
@@ -54,7 +58,9 @@ def plot_steps(runs: Mapping[str, Any], labels: Sequence[str] | None = None,
     plt, _ = pyplot()
     labels = [lb for lb in (labels or list(runs)) if lb in runs and not runs[lb].steps.empty]
     if not labels:
-        raise ValueError("no engine steps to draw (the step log is read from local servers only)")
+        print("no engine steps to draw: the step log is read from local servers only "
+              "(vLLM's --enable-logging-iteration-details), and none ran here")
+        return None
     fig, ax = plt.subplots(figsize=(9, 4))
     for i, label in enumerate(labels):
         st = runs[label].steps.reset_index(drop=True)

@@ -24,8 +24,8 @@ def plot_capacity(capacity: pd.DataFrame, budget_bytes: int,
                   title: str = "KV-cache capacity in the same byte budget"):
     """Tokens the engine reports per arm (bars), with the bytes-per-token prediction."""
     plt, _ = pyplot()
-    if capacity.empty:
-        print("no arms to draw")
+    if capacity.empty or capacity.kv_cache_size_tokens.isna().all():
+        print("no KV capacity to draw: no arm ran, or no server reported its capacity")
         return None
     fig, ax = plt.subplots(figsize=(6.5, 4))
     x = np.arange(len(capacity))
