@@ -13,7 +13,7 @@ TORCH_INDEX ?=
 PROFILE ?= cpu
 PYTEST_ARGS ?=
 
-.PHONY: setup model run test unit lab compare check-clean clean-runs help
+.PHONY: setup model browser run test unit lab lab-command compare check-clean clean-runs help
 
 help:
 	@echo "make run    execute every notebook headless (profile $(PROFILE)) -> runs/latest/index.md"
@@ -46,7 +46,19 @@ $(STAMP): requirements.txt requirements-model.txt pyproject.toml
 model: $(STAMP)
 	@$(PY) -m lab_utils.model
 
-setup: model
+# The browser test (tests/test_browser.py) drives Debian's Chromium through its
+# chromedriver; nothing downloads a browser of its own. Optional: without them that
+# test skips, naming this fix.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; } || \
+	    echo "note: could not install chromium and chromium-driver; the browser test will skip"; \
+	  else echo "note: for the browser test: sudo apt-get install chromium chromium-driver"; fi; }
+
+setup: model browser
 
 run: setup
 	$(PY) -m lab_utils.runall --profile $(PROFILE)
@@ -73,8 +85,15 @@ $(LAB_SETTINGS): Makefile | $(STAMP)
 	mkdir -p $(@D)
 	echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false"}}' > $@
 
+# As root (a container, CI) Jupyter refuses to start without --allow-root.
+LAB_COMMAND = $(VENV)/bin/jupyter lab $(shell $(PY) -c 'import zmq; print("--MappingKernelManager.transport_encryption=auto" if zmq.has("curve") else "")' 2>/dev/null) $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 lab: setup $(LAB_SETTINGS)
-	$(VENV)/bin/jupyter lab $$($(PY) -c 'import zmq; print("--MappingKernelManager.transport_encryption=auto" if zmq.has("curve") else "")') notebooks/
+	$(LAB_COMMAND)
+
+# What `make lab` runs, for tests/test_browser.py to start JupyterLab the same way
+# (prints only: no setup, so a test never installs anything).
+lab-command:
+	@echo $(LAB_COMMAND)
 
 # What changed between runs (lab_utils.compare): environments, engines, findings,
 # the article's table; A is the reference. Reads results only: no engine starts.
