@@ -388,11 +388,14 @@ def describe_remote(engines: EnginePool, results: Results, plan: Plan | None) ->
     results.save()
 
 
-def explore(function: Callable[..., Any], **controls: Any):
+def explore(function: Callable[..., Any], plot: Callable[[Any], Any] | None = None,
+            **controls: Any):
     """Widgets that re-run `function(**values)` when "Run" is pressed.
 
     `controls` maps argument names to ipywidgets (or to fixed values). Nothing
-    runs until the button is pressed, so headless runs are unaffected."""
+    runs until the button is pressed, so headless runs are unaffected. With
+    `plot`, `plot(result)` (a matplotlib Figure, or None) is drawn beside the
+    table the function returns (`lab_utils.plots.table_figure` draws one)."""
     import ipywidgets as w
     from IPython.display import display
 
@@ -403,9 +406,12 @@ def explore(function: Callable[..., Any], **controls: Any):
             widget.continuous_update = False
     button = w.Button(description="Run", button_style="primary", icon="play")
     out = w.Output()
+    figure = w.Output() if plot is not None else None
 
     def on_click(_):
         out.clear_output()
+        if figure is not None:
+            figure.clear_output()
         with out:
             button.disabled = True
             try:
@@ -414,11 +420,26 @@ def explore(function: Callable[..., Any], **controls: Any):
                     display(result)
             finally:
                 button.disabled = False
+        if figure is not None and result is not None:
+            with figure:  # a failing plot shows its error here, the table stays
+                show_figure(plot(result))
 
     button.on_click(on_click)
-    box = w.VBox([*widgets.values(), button, out])
+    shown = w.HBox([out, figure]) if figure is not None else out
+    box = w.VBox([*widgets.values(), button, shown])
     display(box)
     return box
+
+
+def show_figure(fig: Any) -> None:
+    """Display a matplotlib Figure once (a widget callback is not a cell: the
+    inline backend would not show it) and close it; None shows nothing."""
+    if fig is None:
+        return
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+    display(fig)
+    plt.close(fig)
 
 
 __all__ = [

@@ -75,6 +75,40 @@ def token_arrivals(records: Sequence, hue: str = "label", title: str = "Token ar
     return _finish(fig, title, save_to)
 
 
+def table_figure(table, columns: Sequence[str], *, ylabel: str, xlabel: str | None = None,
+                 kind: str = "bar", title: str = ""):
+    """The `columns` of a result table against its index: grouped bars (one
+    group per row, e.g. per arm) or lines (a numeric index, e.g. prompt
+    tokens). Only the columns the table has; None when none has a value (an
+    Explore widget's figure beside its table: `lab_utils.notebook.explore`)."""
+    import pandas as pd
+    present = [c for c in columns if c in getattr(table, "columns", ())]
+    if not present or len(table) == 0:
+        return None
+    data = table[present].apply(pd.to_numeric, errors="coerce")
+    if data.isna().all().all():
+        return None
+    if kind not in ("bar", "line"):
+        raise ValueError(f"kind must be 'bar' or 'line', got {kind!r}")
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    if kind == "line":
+        for c in present:
+            ax.plot(data.index, data[c], marker="o", label=c)
+    else:
+        labels = [" / ".join(map(str, i)) if isinstance(i, tuple) else str(i) for i in data.index]
+        width = 0.8 / len(present)
+        for j, c in enumerate(present):
+            ax.bar([i + j * width for i in range(len(data))], data[c], width, label=c)
+        ax.set_xticks([i + width * (len(present) - 1) / 2 for i in range(len(data))], labels,
+                      rotation=20, ha="right")
+    ax.set_xlabel(xlabel or " / ".join(str(n) for n in data.index.names if n) or "row")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    if len(present) > 1:
+        ax.legend(fontsize="small")
+    return _finish(fig, title, None)
+
+
 def xy(frame, x: str, y: str, hue: str | None = None, *, xlabel: str, ylabel: str,
        title: str, save_to: str | Path | None = None, fit: bool = False):
     """Scatter (or line) of y against x with labelled axes; `fit` adds a linear fit."""

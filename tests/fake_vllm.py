@@ -60,8 +60,11 @@ def decode(ids: list[int]) -> str:
 
 
 class FakeVLLM(FakeOpenAI):
-    def __init__(self) -> None:
+    def __init__(self, prompt_tokens_details: bool = False) -> None:
         super().__init__()
+        #: usage's cached-token count, which vLLM sends only when started with
+        #: --enable-prompt-tokens-details (not by default)
+        self.prompt_tokens_details = prompt_tokens_details
         self.blocks: set[str] = set()
         self.counts = {"queries": 0, "hits": 0, "prompt": 0, "generation": 0, "success": 0}
         self.ttfts: list[float] = []
@@ -199,9 +202,11 @@ class FakeVLLM(FakeOpenAI):
                                             "code": code}}, status=code)
 
     def _usage(self, ids: list[int], cached: int, done: int) -> dict:
-        return {"prompt_tokens": len(ids), "completion_tokens": done,
-                "total_tokens": len(ids) + done,
-                "prompt_tokens_details": {"cached_tokens": cached}}
+        usage = {"prompt_tokens": len(ids), "completion_tokens": done,
+                 "total_tokens": len(ids) + done}
+        if self.prompt_tokens_details:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return usage
 
     @staticmethod
     def _logprobs(chat: bool, piece: str) -> dict:

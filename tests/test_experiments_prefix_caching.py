@@ -97,6 +97,26 @@ def _frame():
     return pd.DataFrame(rows)
 
 
+def test_findings_of_an_emulated_off_arm_on_a_server_without_token_details():
+    """A remote server's off arm, emulated: vLLM looks up (queries) but a fresh
+    cache_salt per request cannot hit; without --enable-prompt-tokens-details
+    the server reports no cached tokens per request, and the text says so."""
+    f = _frame()
+    off = (f.arm == "off") & (f.phase == "measured")
+    f.loc[off, "run_queries"] = 4 * 530
+    f["cached_tokens"] = None
+    b = f.assign(experiment="prefix_length", run=f.run + "b")
+    c = f.assign(experiment="block_boundary", run=f.run + "c", block_size=16,
+                 shared_tokens=512, predicted_cached=512)
+    median, _, longest = pc.findings({"system_prompt": f, "prefix_length": b,
+                                      "block_boundary": c})
+    assert median["mechanism"] == (
+        "vllm:prefix_cache_hits/queries = 96.6% on the 'on' arm (off: 0 hits of 2120 queried "
+        "tokens); cached tokens per request not reported (the server runs without "
+        "--enable-prompt-tokens-details)")
+    assert "not reported" in longest["mechanism"]
+
+
 def test_hit_rate_and_hit_rates():
     f = _frame()
     assert pc.hit_rate(f[f.arm == "off"]) is None          # no lookups, no rate

@@ -410,8 +410,11 @@ def shorter_input_findings(off: pd.DataFrame, on: pd.DataFrame) -> list[dict[str
         if frame.empty:
             continue
         c = frame.attrs["counters"]
-        evidence = (f"computed prompt tokens per request {tokens[(state, 'long')]:.0f} -> "
-                    f"{tokens[(state, 'short')]:.0f}; vllm:prefix_cache_hits "
+        computed = (f"computed prompt tokens per request {tokens[(state, 'long')]:.0f} -> "
+                    f"{tokens[(state, 'short')]:.0f}" if frame.cached_tokens.notna().any() else
+                    "computed prompt tokens per request not reported (the server runs without "
+                    "--enable-prompt-tokens-details)")
+        evidence = (f"{computed}; vllm:prefix_cache_hits "
                     f"{c['prefix_cache_hits']:.0f} of {c['prefix_cache_queries']:.0f} queried "
                     "tokens")
         out += [dict(technique=f"shorter input (prefix cache {state})",
