@@ -159,6 +159,52 @@ class OffPeakAdmission:
                 f"in the last {self.window_s:g} s) > {self.threshold}{cap}")
 
 
+class ClientQueue:
+    """The engine's admission, done by the client: at most `slots` requests
+    in flight; the others wait in the client's queue, served in arrival order
+    or, `by_priority`, lowest `spec.priority` first (ties in arrival order), as
+    vLLM's scheduler orders its waiting queue with `--max-num-seqs` and
+    `--scheduling-policy fcfs|priority`. It emulates those two settings on a
+    remote server whose own cannot be read or set (`lab_utils.remote`); it
+    does not preempt a running request, which vLLM's priority scheduler may."""
+
+    def __init__(self, slots: int, by_priority: bool = False):
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.slots, self.by_priority = int(slots), bool(by_priority)
+        self.in_flight = 0
+        self.max_waiting = 0
+        self._waiting: list[tuple[int, int, asyncio.Future]] = []
+        self._seq = 0
+
+    def key(self, spec: RequestSpec) -> int:
+        return int(spec.priority or 0) if self.by_priority else 0
+
+    async def admit(self, spec: RequestSpec) -> None:
+        if self.in_flight < self.slots and not self._waiting:
+            self.in_flight += 1
+            return
+        import heapq
+        self._seq += 1
+        ready = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (self.key(spec), self._seq, ready))
+        self.max_waiting = max(self.max_waiting, len(self._waiting))
+        await ready  # the slot is handed over by release()
+
+    def release(self, spec: RequestSpec) -> None:
+        import heapq
+        while self._waiting:
+            _, _, ready = heapq.heappop(self._waiting)
+            if not ready.done():
+                ready.set_result(None)  # its slot passes on: in_flight stays
+                return
+        self.in_flight = max(0, self.in_flight - 1)
+
+    def describe(self) -> str:
+        order = "lowest priority value first" if self.by_priority else "in arrival order"
+        return f"client queue: at most {self.slots} in flight, the rest {order}"
+
+
 # --------------------------------------------------------------------------
 # A runner with a policy
 # --------------------------------------------------------------------------
@@ -183,6 +229,20 @@ class ScheduledRun:
         frame["wait_ms"] = frame["held_s"] * 1e3 + frame["ttft_ms"]  # arrival -> first token
         frame["done_s"] = frame["arrival_s"] + frame["held_s"] + frame["e2e_ms"] / 1e3
         return frame
+
+
+def since_queued(rec: RequestRecord, waited_s: float) -> RequestRecord:
+    """Time `rec` from when it entered the client's queue (`ClientQueue`), as
+    an engine times a request from its arrival: TTFT, E2E and the chunk times
+    grow by the wait, the start moves back; TPOT and the gaps do not change."""
+    rec.start -= waited_s
+    rec.send_time -= waited_s
+    if rec.ttft is not None:
+        rec.ttft += waited_s
+    if rec.e2e is not None:
+        rec.e2e += waited_s
+    rec.chunk_times = [t + waited_s for t in rec.chunk_times]
+    return rec
 
 
 def client_session(client: Client) -> aiohttp.ClientSession:
@@ -214,6 +274,9 @@ async def run_schedule_async(client: Client, specs: Sequence[RequestSpec],
     policy = policy or PassThrough()
     if hasattr(policy, "reset"):
         policy.reset()
+    # A remote arm whose engine slots and order are emulated (lab_utils.remote)
+    # queues here, after the policy, as the engine's own queue would.
+    queue = client.queue() if getattr(client, "queue", None) else None
     records: list[RequestRecord | None] = [None] * len(specs)
     held = [0.0] * len(specs)
     out = open(jsonl, "a") if jsonl else None
@@ -225,10 +288,18 @@ async def run_schedule_async(client: Client, specs: Sequence[RequestSpec],
         arrived = time.perf_counter()
         await policy.admit(specs[i])
         held[i] = time.perf_counter() - arrived
+        queued = time.perf_counter()
+        if queue is not None:
+            await queue.admit(specs[i])
+        queued = time.perf_counter() - queued
         try:
             rec = await client.send(session, specs[i], i, label)
         finally:
+            if queue is not None:
+                queue.release(specs[i])
             policy.release(specs[i])
+        if queue is not None:  # the engine's queue, emulated: its wait is part of TTFT
+            since_queued(rec, queued)
         records[i] = rec
         if out:
             out.write(json.dumps({**rec.to_json(), "arrival_s": offsets[i],
@@ -245,7 +316,8 @@ async def run_schedule_async(client: Client, specs: Sequence[RequestSpec],
     finally:
         if out:
             out.close()
-    run = Run(label, f"schedule of {len(specs)} ({policy.describe()})",
+    how = policy.describe() + (f"; {queue.describe()}" if queue is not None else "")
+    run = Run(label, f"schedule of {len(specs)} ({how})",
               [r for r in records if r is not None], duration)
     return ScheduledRun(run, offsets, held, getattr(policy, "name", type(policy).__name__))
 
@@ -258,6 +330,7 @@ def run_schedule(engine, specs: Sequence[RequestSpec], offsets: Sequence[float] 
 
 __all__ = [
     "BATCH",
+    "ClientQueue",
     "INTERACTIVE",
     "OffPeakAdmission",
     "PassThrough",

@@ -225,11 +225,18 @@ class Client:
         #: arm's emulation, e.g. a unique cache_salt: lab_utils.remote).
         self.request_fields = request_fields
 
+    #: A factory of the client-side queue that emulates a remote arm's engine
+    #: slots and order (`admission.ClientQueue`; run_schedule uses it), or None.
+    queue: Callable[[], Any] | None = None
+
     @classmethod
     def for_engine(cls, engine, **kw: Any) -> Client:
-        fields = getattr(engine, "request_fields", None)
-        return cls(engine.base_url, engine.model, api_key=engine.api_key,
-                   request_fields=fields if getattr(engine, "emulation", None) else None, **kw)
+        emulation = getattr(engine, "emulation", None)
+        client = cls(engine.base_url, engine.model, api_key=engine.api_key,
+                     request_fields=engine.request_fields if emulation else None, **kw)
+        if emulation is not None and getattr(emulation, "slots", 0):
+            client.queue = emulation.client_queue
+        return client
 
     def _session(self) -> aiohttp.ClientSession:
         conn = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=30,

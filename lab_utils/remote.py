@@ -26,7 +26,10 @@ but several of them can be read off the server, and one can be emulated on it:
   (a unique `cache_salt` per request, which vLLM mixes into the block
   hashes, so no request can hit another's blocks: its hit counter must stay
   0, which the notebooks read); first-come-first-served on a priority server
-  (every request at the same priority 0). An emulated arm is labelled so.
+  (every request at the same priority 0); `max_num_seqs` and the scheduling
+  policy, where the server does not tell them, by the client's own queue (at
+  most that many requests in flight, the rest waiting in arrival or priority
+  order: `admission.ClientQueue`). An emulated arm is labelled so.
 - Anything else is skipped with the reason, or runs on another server mapped
   with `LAB_REMOTE_ARMS` (`lab_utils.server.EnginePool`).
 """
@@ -180,17 +183,49 @@ def read_server(base_url: str, api_key: str | None = None) -> ServerInfo:
 
 @dataclass(frozen=True)
 class Emulation:
-    """A setting emulated per request on a server that runs the other one."""
+    """A setting emulated on a server that runs another: per request (fields
+    added to each request body) or by the client's own queue (`slots` in
+    flight, in arrival or priority order: `admission.ClientQueue`)."""
     name: str
     what: str                      # the sentence a reader sees
+    slots: int = 0                 # > 0: the client queues past this many in flight
+    by_priority: bool = False
+    parts: tuple = ()              # several emulations at once (`combined`)
 
     def request_fields(self) -> dict[str, Any]:
         """Fields to add to one request body (called once per request)."""
+        out: dict[str, Any] = {}
+        for part in self.parts:
+            out.update(part.request_fields())
         if self.name == "cache_salt":
-            return {"cache_salt": f"lab-{os.getpid()}-{next(_SALTS)}"}
-        if self.name == "same_priority":
-            return {"priority": 0}
-        return {}
+            out["cache_salt"] = f"lab-{os.getpid()}-{next(_SALTS)}"
+        elif self.name == "same_priority":
+            out["priority"] = 0
+        return out
+
+    def client_queue(self):
+        """A fresh client-side queue for one run (None without slots)."""
+        from .admission import ClientQueue
+        return ClientQueue(self.slots, self.by_priority) if self.slots else None
+
+
+def combined(emulations: list[Emulation]) -> Emulation | None:
+    if len(emulations) <= 1:
+        return emulations[0] if emulations else None
+    queue = next((e for e in emulations if e.slots), None)
+    return Emulation("+".join(e.name for e in emulations), "; ".join(e.what for e in emulations),
+                     slots=queue.slots if queue else 0,
+                     by_priority=queue.by_priority if queue else False,
+                     parts=tuple(e for e in emulations if not e.slots))
+
+
+def client_queue_emulation(slots: int, policy: str) -> Emulation:
+    order = ("lowest priority value first" if policy == "priority" else "in arrival order")
+    return Emulation(
+        "client_queue", f"max_num_seqs={slots} and scheduling_policy={policy}, emulated by the "
+        f"client: at most {slots} requests in flight, the rest wait in the client's queue, "
+        f"{order} (the server's own slots and policy are not readable; no preemption)",
+        slots=int(slots), by_priority=policy == "priority")
 
 
 _SALTS = itertools.count()
@@ -236,7 +271,7 @@ def place(arm: Arm, knobs: set[str] | Plan | None, info: ServerInfo) -> Placemen
         return (f"it serves another model (role {arm.role!r}); the remote server serves "
                 f"{info.model!r}")
     notes: list[str] = []
-    emulation: Emulation | None = None
+    emulations: list[Emulation] = []
     for name, value in arm.env.items():
         key = f"env:{name}"
         if key in knobs:
@@ -245,7 +280,16 @@ def place(arm: Arm, knobs: set[str] | Plan | None, info: ServerInfo) -> Placemen
     known = info.known()
     # A compared knob the arm leaves out is vLLM's default, which it relies on.
     implicit = {k: VLLM_DEFAULTS[k] for k in knobs if k in VLLM_DEFAULTS and k not in arm.flags}
-    for flag, value in sorted({**implicit, **arm.flags}.items()):
+    wanted = {**implicit, **arm.flags}
+    # The engine's admission (how many run at once, in which order) that the
+    # server does not tell, or runs otherwise: the client's own queue does it.
+    slots = arm.flags.get("max_num_seqs")
+    if slots and known.get("max_num_seqs") != slots:
+        policy = str(wanted.get("scheduling_policy", "fcfs")).lower()
+        emulations.append(client_queue_emulation(int(slots), policy))
+        wanted.pop("max_num_seqs")
+        wanted.pop("scheduling_policy", None)
+    for flag, value in sorted(wanted.items()):
         if flag == ROLE:
             continue
         asked = (f"it relies on vLLM's default {flag}={_plain(value)!r}" if flag in implicit
@@ -258,8 +302,8 @@ def place(arm: Arm, knobs: set[str] | Plan | None, info: ServerInfo) -> Placemen
             if _same(flag, value, have):
                 continue
             emul = EMULATIONS.get((flag, _plain(value), _plain(have)))
-            if emul is not None and emulation is None:
-                emulation = emul
+            if emul is not None:
+                emulations.append(emul)
                 continue
             if flag == "max_model_len" and isinstance(have, int) and have >= int(value):
                 notes.append(f"max_model_len {have} (the server's; {value} asked)")
@@ -277,6 +321,7 @@ def place(arm: Arm, knobs: set[str] | Plan | None, info: ServerInfo) -> Placemen
                     f"server does not tell its own {flag}")
         else:
             notes.append(f"{flag} is the server's own ({_plain(value)!r} asked; not readable)")
+    emulation = combined(emulations)
     if emulation is not None:
         notes.insert(0, emulation.what)
     return Placement(info.base_url, emulation, notes)
@@ -305,5 +350,5 @@ def describe_placements(placed: Mapping[str, Placement | str]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["EMULATIONS", "OBSERVABILITY", "Emulation", "Placement", "ServerInfo",
+__all__ = ["EMULATIONS", "client_queue_emulation", "combined", "OBSERVABILITY", "Emulation", "Placement", "ServerInfo",
            "describe_placements", "place", "plan_knobs", "read_server"]

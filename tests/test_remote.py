@@ -54,21 +54,62 @@ def test_prefix_caching_off_is_emulated_with_a_fresh_salt_per_request():
     assert place(off, plan, off_server).emulation is None
 
 
-def test_fcfs_is_emulated_on_a_priority_server_but_priority_not_on_fcfs():
+def test_slots_and_order_the_server_does_not_tell_are_the_clients_queue():
     fcfs = Arm("fcfs", flags={"max_num_seqs": 4})
     prio = Arm("priority", flags={"max_num_seqs": 4, "scheduling_policy": "priority"},
                knob="scheduling_policy", reference="fcfs")
     plan = plan_of(fcfs, prio)
     assert plan_knobs(plan) == {"scheduling_policy"}
-    got = place(fcfs, plan, DEFAULT)  # the policy is not readable: vLLM's default assumed
-    assert got.emulation is None and any("max_num_seqs" in n for n in got.notes)
-    assert any("scheduling_policy is not readable" in n for n in got.notes)
-    assert "does not tell its own scheduling_policy" in place(prio, plan, DEFAULT)
-    assert "the server runs scheduling_policy='fcfs'" in place(prio, plan, DEV)
-    prio_server = ServerInfo("u", config={"scheduler_config": {"policy": "priority"}})
+    a, b = place(fcfs, plan, DEFAULT), place(prio, plan, DEFAULT)
+    assert (a.emulation.slots, a.emulation.by_priority) == (4, False)
+    assert (b.emulation.slots, b.emulation.by_priority) == (4, True)
+    assert a.emulation.request_fields() == {} and "emulated by the client" in a.notes[0]
+    # a server that tells 256 slots and FCFS: 4 slots emulated all the same
+    assert place(prio, plan, DEV).emulation.by_priority
+    # the server has the arm's slots and tells its FCFS policy: the engine queues
+    same = ServerInfo("u", config={"scheduler_config": {"max_num_seqs": 4, "policy": "fcfs"}})
+    assert place(fcfs, plan, same).emulation is None
+    assert "the server runs scheduling_policy='fcfs'" in place(prio, plan, same)
+    prio_server = ServerInfo("u", config={"scheduler_config": {"max_num_seqs": 4,
+                                                               "policy": "priority"}})
     assert place(prio, plan, prio_server).emulation is None
     fcfs_there = place(fcfs, plan, prio_server)  # relies on the default fcfs: emulated
     assert fcfs_there.emulation.request_fields() == {"priority": 0}
+    # no slot count to queue at: the priority order cannot be emulated
+    bare = Arm("p", flags={"scheduling_policy": "priority"}, knob="scheduling_policy",
+               reference="fcfs")
+    assert "does not tell its own scheduling_policy" in place(bare, plan_of(fcfs, bare), DEFAULT)
+
+
+def test_the_client_queue_serves_in_order_at_most_its_slots():
+    import asyncio
+
+    from lab_utils.admission import ClientQueue
+    from lab_utils.client import RequestSpec
+
+    def order(by_priority: bool) -> tuple[list[str], int]:
+        queue, started = ClientQueue(2, by_priority), []
+        # six arrive at once: batch (priority 1) first, then interactive (priority 0)
+        specs = [RequestSpec(prompt=f"b{i}", max_tokens=1, priority=1, tag=f"b{i}")
+                 for i in range(4)] + [RequestSpec(prompt=f"i{i}", max_tokens=1, priority=0,
+                                                   tag=f"i{i}") for i in range(2)]
+        most = 0
+
+        async def one(spec):
+            await queue.admit(spec)
+            nonlocal most
+            most = max(most, queue.in_flight)
+            started.append(spec.tag)
+            await asyncio.sleep(0.01)
+            queue.release(spec)
+
+        async def main():
+            await asyncio.gather(*(one(s) for s in specs))
+        asyncio.run(main())
+        assert queue.in_flight == 0
+        return started, most
+    assert order(False) == (["b0", "b1", "b2", "b3", "i0", "i1"], 2)
+    assert order(True) == (["b0", "b1", "i0", "i1", "b2", "b3"], 2)  # no preemption of b0, b1
 
 
 def test_an_unknown_compared_knob_skips_an_uncompared_one_is_the_servers():
@@ -133,3 +174,14 @@ def test_an_emulated_engines_requests_each_carry_their_own_salt(fake):
     fake.reset()
     Client.for_engine(pool.get()).run(specs, Load.sequential(), label="on", progress=False)
     assert [r["body"].get("cache_salt") for r in fake.requests] == [None] * 3
+
+
+def test_a_queued_requests_times_start_when_it_entered_the_queue():
+    from lab_utils.admission import since_queued
+    from lab_utils.client import RequestRecord
+    rec = RequestRecord(index=0, tag="", start=10.0, send_time=100.0, ttft=0.2, e2e=1.2,
+                        output_tokens=11, chunk_times=[0.2, 1.2], ok=True)
+    tpot = rec.tpot
+    since_queued(rec, 0.5)
+    assert (rec.start, rec.send_time, rec.ttft, rec.e2e) == (9.5, 99.5, 0.7, 1.7)
+    assert rec.chunk_times == [0.7, 1.7] and rec.tpot == pytest.approx(tpot)  # 0.1 s either way
