@@ -405,8 +405,10 @@ def explore(function: Callable[..., Any], plot: Callable[[Any], Any] | None = No
         if hasattr(widget, "continuous_update"):
             widget.continuous_update = False
     button = w.Button(description="Run", button_style="primary", icon="play")
-    out = w.Output()
-    figure = w.Output() if plot is not None else None
+    out = w.Output(layout=w.Layout(flex="1 1 auto", overflow="auto"))
+    # the figure keeps its width: beside the table where both fit, else below it
+    figure = w.Output(layout=w.Layout(flex="0 0 auto", min_width="480px")) \
+        if plot is not None else None
 
     def on_click(_):
         out.clear_output()
@@ -425,7 +427,9 @@ def explore(function: Callable[..., Any], plot: Callable[[Any], Any] | None = No
                 show_figure(plot(result))
 
     button.on_click(on_click)
-    shown = w.HBox([out, figure]) if figure is not None else out
+    shown = (w.HBox([out, figure], layout=w.Layout(flex_flow="row wrap",
+                                                   align_items="flex-start"))
+             if figure is not None else out)
     box = w.VBox([*widgets.values(), button, shown])
     display(box)
     return box

@@ -207,6 +207,10 @@ const body = [...out.querySelectorAll('tbody tr')].map(r =>
 return {head, body}"""
 
 
+OUTPUT_FIGURE = """const imgs = [...arguments[0].querySelectorAll('.widget-output img')];
+return imgs.map(i => i.getBoundingClientRect().width)"""
+
+
 def run_all_cells(driver, lab) -> object:
     """Run > Run All Cells, as a user does; the Explore cell once it shows its widgets."""
     from selenium.webdriver.common.by import By
@@ -287,6 +291,11 @@ def test_explore_widgets_rerun_the_notebooks_function_in_a_browser(lab_server, b
         button.click()
 
         shown = wait_for_table(browser, cell, lab_server)
+        # the plot beside the table (lab.explore's `plot`), drawn at a readable width
+        widths = wait_for(lambda: [w for w in browser.execute_script(OUTPUT_FIGURE, cell) if w],
+                          30,
+                          "the Explore plot beside its table", poll_s=0.25)
+        assert max(widths) >= 300, f"the Explore plot is squeezed to {widths} px"
         browser.execute_script("arguments[0].scrollIntoView()", cell)
         keep_screenshot(browser, tmp_path, "explore.png")
     except BaseException:
