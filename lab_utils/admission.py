@@ -24,6 +24,7 @@ the policy held each request.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import time
 from collections import deque
@@ -184,7 +185,6 @@ class ClientQueue:
         if self.in_flight < self.slots and not self._waiting:
             self.in_flight += 1
             return
-        import heapq
         self._seq += 1
         ready = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiting, (self.key(spec), self._seq, ready))
@@ -192,7 +192,6 @@ class ClientQueue:
         await ready  # the slot is handed over by release()
 
     def release(self, spec: RequestSpec) -> None:
-        import heapq
         while self._waiting:
             _, _, ready = heapq.heappop(self._waiting)
             if not ready.done():

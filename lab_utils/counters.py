@@ -129,9 +129,15 @@ def cache_config(base_url: str, api_key: str | None = None) -> dict[str, str]:
     """vLLM's `cache_config_info` labels (KV capacity, block size, prefix
     caching); {} when the server does not export them or cannot be read."""
     with contextlib.suppress(Exception):
-        for fam in scrape_families(base_url, api_key=api_key):
-            if fam.name == "vllm:cache_config_info" and fam.samples:
-                return dict(fam.samples[0].labels)
+        return cache_config_labels(scrape_families(base_url, api_key=api_key))
+    return {}
+
+
+def cache_config_labels(families) -> dict[str, str]:
+    """The `vllm:cache_config_info` labels among scraped metric families ({} if none)."""
+    for fam in families:
+        if fam.name == "vllm:cache_config_info" and fam.samples:
+            return dict(fam.samples[0].labels)
     return {}
 
 
@@ -161,11 +167,11 @@ def block_size_of(engine, default: int | None = None) -> int | None:
 def prefix_caching_of(engine) -> bool | None:
     """Whether the server runs with prefix caching, as it reports it itself
     (`cache_config_info`), else as its flags say; None when neither tells.
-    An arm whose requests each carry a fresh `cache_salt` (a remote server's
-    "off", emulated: lab_utils.remote) cannot hit: False."""
-    emulation = getattr(engine, "emulation", None)
-    if emulation is not None and getattr(emulation, "name", "") == "cache_salt":
-        return False
+    A remote arm's emulated setting wins (lab_utils.remote: "off" emulated by
+    a fresh `cache_salt` per request cannot hit)."""
+    emulated = getattr(getattr(engine, "emulation", None), "sets", {})
+    if "enable_prefix_caching" in emulated:
+        return bool(emulated["enable_prefix_caching"])
     value = (getattr(engine, "info", None) or {}).get("cache_config", {}) \
         .get("enable_prefix_caching")
     if value is None:

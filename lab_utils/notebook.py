@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import difflib
 import json
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,8 +256,7 @@ class NotebookContext:
                     f"{engine_key(role, flags, env)}. Declare it as an arm in the experiment "
                     f"module's plan() (declared: {[a.key for a in self.plan.arms]}), or use "
                     "ctx.any_engine(...) for an Explore widget")
-        return self._start(role, env, flags, arm.name if arm else None,
-                           knobs=self.plan if self.plan is not None else None)
+        return self._start(role, env, flags, arm.name if arm else None, knobs=self.plan)
 
     def any_engine(self, role: str | None = None, *, env: Mapping[str, str] | None = None,
                    **flags: Any):
@@ -372,12 +370,12 @@ def setup(name: str, namespace: dict[str, Any],
 def describe_remote(engines: EnginePool, results: Results, plan: Plan | None) -> None:
     """Print and record what the remote server is and where each of the
     plan's arms runs there (as it is, emulated, mapped, or skipped, and why)."""
-    from .remote import Placement, describe_placements, place
+    from .remote import Placement, describe_placements, mapped_arms, place
     info = engines.server_info()
     print(info.describe())
     results.data["server"] = info.to_dict()
     if plan is not None:
-        mapped = json.loads(os.environ.get("LAB_REMOTE_ARMS", "{}") or "{}")
+        mapped = mapped_arms()
         placed = {a.name: (Placement(mapped[a.key], notes=["mapped in LAB_REMOTE_ARMS"])
                            if a.key in mapped else place(a, plan, info)) for a in plan.arms}
         print("arms on the remote server:\n" + describe_placements(placed))

@@ -46,6 +46,12 @@ from typing import Any
 from .arms import ROLE, Arm, Plan
 from .http import http_get
 
+def mapped_arms() -> dict[str, str]:
+    """LAB_REMOTE_ARMS: {arm key: base URL of the server started for that arm}."""
+    return {k: v.rstrip("/") for k, v in
+            json.loads(os.environ.get("LAB_REMOTE_ARMS", "{}") or "{}").items()}
+
+
 #: Engine flags read from /server_info's scheduler_config (dev-mode servers).
 SCHEDULER_FLAGS = {"enable_chunked_prefill": "enable_chunked_prefill",
                    "max_num_batched_tokens": "max_num_batched_tokens",
@@ -139,7 +145,7 @@ class ServerInfo:
 def read_server(base_url: str, api_key: str | None = None) -> ServerInfo:
     """Read what the server at `base_url` is (see the module's docstring).
     Only /v1/models must answer; the rest is left unknown where it fails."""
-    from .counters import scrape_families
+    from .counters import cache_config_labels, scrape_families
     from .errors import ServerError
     base_url = base_url.rstrip("/")
     info = ServerInfo(base_url)
@@ -164,9 +170,7 @@ def read_server(base_url: str, api_key: str | None = None) -> ServerInfo:
         names = {f.name for f in families}
         if any(n.startswith("vllm:") for n in names):
             info.spec_decode = any(n.startswith("vllm:spec_decode") for n in names)
-        for fam in families:
-            if fam.name == "vllm:cache_config_info" and fam.samples:
-                info.cache = dict(fam.samples[0].labels)
+        info.cache = cache_config_labels(families)
     with contextlib.suppress(OSError, ValueError, AttributeError):
         status, body = http_get(base_url + "/server_info?config_format=json", timeout=10,
                                 api_key=api_key)
@@ -191,6 +195,7 @@ class Emulation:
     slots: int = 0                 # > 0: the client queues past this many in flight
     by_priority: bool = False
     parts: tuple = ()              # several emulations at once (`combined`)
+    sets: Mapping[str, Any] = field(default_factory=dict)  # the flag values it stands in for
 
     def request_fields(self) -> dict[str, Any]:
         """Fields to add to one request body (called once per request)."""
@@ -216,7 +221,8 @@ def combined(emulations: list[Emulation]) -> Emulation | None:
     return Emulation("+".join(e.name for e in emulations), "; ".join(e.what for e in emulations),
                      slots=queue.slots if queue else 0,
                      by_priority=queue.by_priority if queue else False,
-                     parts=tuple(e for e in emulations if not e.slots))
+                     parts=tuple(e for e in emulations if not e.slots),
+                     sets={k: v for e in emulations for k, v in e.sets.items()})
 
 
 def client_queue_emulation(slots: int, policy: str) -> Emulation:
@@ -225,7 +231,8 @@ def client_queue_emulation(slots: int, policy: str) -> Emulation:
         "client_queue", f"max_num_seqs={slots} and scheduling_policy={policy}, emulated by the "
         f"client: at most {slots} requests in flight, the rest wait in the client's queue, "
         f"{order} (the server's own slots and policy are not readable; no preemption)",
-        slots=int(slots), by_priority=policy == "priority")
+        slots=int(slots), by_priority=policy == "priority",
+        sets={"max_num_seqs": int(slots), "scheduling_policy": policy})
 
 
 _SALTS = itertools.count()
@@ -234,10 +241,11 @@ _SALTS = itertools.count()
 EMULATIONS = {
     ("enable_prefix_caching", False, True): Emulation(
         "cache_salt", "prefix caching off, emulated: a unique cache_salt per request (vLLM "
-        "salts the block hashes with it), so no request hits another's cached blocks"),
+        "salts the block hashes with it), so no request hits another's cached blocks",
+        sets={"enable_prefix_caching": False}),
     ("scheduling_policy", "fcfs", "priority"): Emulation(
         "same_priority", "first-come-first-served, emulated on a priority server: every "
-        "request at priority 0, so arrival order decides"),
+        "request at priority 0, so arrival order decides", sets={"scheduling_policy": "fcfs"}),
 }
 
 
@@ -350,5 +358,5 @@ def describe_placements(placed: Mapping[str, Placement | str]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["EMULATIONS", "client_queue_emulation", "combined", "OBSERVABILITY", "Emulation", "Placement", "ServerInfo",
+__all__ = ["EMULATIONS", "mapped_arms", "client_queue_emulation", "combined", "OBSERVABILITY", "Emulation", "Placement", "ServerInfo",
            "describe_placements", "place", "plan_knobs", "read_server"]

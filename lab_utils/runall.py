@@ -142,15 +142,11 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
         except Exception as exc:  # a failing notebook must not stop the others
             if getattr(exc, "ename", "") == "NotebookSkipped":  # the target cannot serve it
                 entry["status"], entry["skipped"] = "skipped", str(getattr(exc, "evalue", exc))
-                entry["seconds"] = round(time.perf_counter() - t0, 1)
-                save_status()
-                print(f"skipped ({entry['seconds']} s): {entry['skipped'][:200]}", flush=True)
-                _wait_for_no_orphans()
-                continue
-            entry["status"] = "failed"
-            entry["error"] = (str(exc) if exc.__class__.__name__ == "PapermillExecutionError"
-                              else traceback.format_exc())
-            code = 1
+            else:
+                entry["status"] = "failed"
+                entry["error"] = (str(exc) if exc.__class__.__name__ == "PapermillExecutionError"
+                                  else traceback.format_exc())
+                code = 1
         entry["seconds"] = round(time.perf_counter() - t0, 1)
         leaks = _wait_for_no_orphans()
         if leaks:  # a notebook's engine outlived its kernel: report it, then clean up
@@ -159,7 +155,8 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
                               "notebook: " + "; ".join(cmd[:120] for _, cmd in leaks))
             code = 1
         save_status()
-        print(f"{entry['status']} ({entry['seconds']} s)", flush=True)
+        why = f": {entry['skipped'][:200]}" if entry.get("skipped") else ""
+        print(f"{entry['status']} ({entry['seconds']} s){why}", flush=True)
     status["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
     save_status()
     print(f"report: {run_dir / 'index.md'}", flush=True)

@@ -363,21 +363,21 @@ class EnginePool:
         the target itself where it runs as the server is or emulated per
         request (`lab_utils.remote.place`), else ArmUnavailable naming why."""
         from .arms import Arm
-        from .remote import Placement, place
+        from .remote import Placement, mapped_arms, place
         p = self.profile
-        arms = json.loads(os.environ.get("LAB_REMOTE_ARMS", "{}") or "{}")
+        arms = mapped_arms()
         if label and key in arms:
-            url = arms[key].rstrip("/")
+            url = arms[key]
             model = p.served_model_name or _server_model_name(url, p.api_key)
             return Engine(p, dict(label), url, model, api_key=p.api_key,
                           remote_notes=[f"mapped in LAB_REMOTE_ARMS to {url}"],
                           info={"cache_config": cache_config(url, p.api_key)})
         if role is not None:  # another model: never the target's own, whatever it is
             rest = {k: v for k, v in label.items() if k != "model_role"}
-            flags = f" with {flags_to_cli(p, rest)}" if rest else ""
+            with_flags = f" with {flags_to_cli(p, rest)}" if rest else ""
             raise ArmUnavailable(
                 f"it serves another model (role {role!r}) than the remote server's. Start a "
-                f"vLLM server of that model{flags} and map it: {remote_arms_hint(key)}")
+                f"vLLM server of that model{with_flags} and map it: {remote_arms_hint(key)}")
         info = self.server_info()
         if knobs is None:
             knobs = set(flags) | {f"env:{k}" for k in env}

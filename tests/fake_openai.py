@@ -74,12 +74,7 @@ class FakeOpenAI:
             self._loop = asyncio.new_event_loop()
             asyncio.set_event_loop(self._loop)
             app = web.Application()
-            app.router.add_post("/v1/chat/completions", self._handle)
-            app.router.add_post("/v1/completions", self._handle)
-            app.router.add_get("/health", self._health)
-            app.router.add_get("/v1/models", self._models)
-            app.router.add_post("/v1/chat/completions/render", self._render)
-            app.router.add_post("/v1/completions/render", self._render)
+            self.add_routes(app.router)
             self._runner = web.AppRunner(app, shutdown_timeout=1.0, handler_cancellation=True,
                                          access_log=None)
             self._loop.run_until_complete(self._runner.setup())
@@ -96,6 +91,15 @@ class FakeOpenAI:
         if not ready.wait(10):
             raise RuntimeError("the fake server did not start")
         return self
+
+    def add_routes(self, router: web.UrlDispatcher) -> None:
+        """The endpoints it serves (a subclass adds its own: tests/fake_vllm.py)."""
+        router.add_post("/v1/chat/completions", self._handle)
+        router.add_post("/v1/completions", self._handle)
+        router.add_get("/health", self._health)
+        router.add_get("/v1/models", self._models)
+        router.add_post("/v1/chat/completions/render", self._render)
+        router.add_post("/v1/completions/render", self._render)
 
     def stop(self) -> None:
         if self._loop is not None:

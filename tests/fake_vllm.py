@@ -70,19 +70,12 @@ class FakeVLLM(FakeOpenAI):
         self.ttfts: list[float] = []
         self.running = 0
 
-    def start(self) -> FakeVLLM:
-        super().start()
-
-        async def add_routes() -> None:
-            router = self._runner.app.router
-            router._frozen = False  # the app is running: add the vLLM endpoints
-            router.add_get("/version", self._version)
-            router.add_get("/metrics", self._metrics)
-            router.add_post("/tokenize", self._tokenize)
-            router.add_post("/detokenize", self._detokenize)
-            router._frozen = True
-        asyncio.run_coroutine_threadsafe(add_routes(), self._loop).result(5)
-        return self
+    def add_routes(self, router: web.UrlDispatcher) -> None:
+        super().add_routes(router)
+        router.add_get("/version", self._version)
+        router.add_get("/metrics", self._metrics)
+        router.add_post("/tokenize", self._tokenize)
+        router.add_post("/detokenize", self._detokenize)
 
     # -- endpoints -------------------------------------------------------------
     async def _models(self, request: web.Request) -> web.Response:

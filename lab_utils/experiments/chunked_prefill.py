@@ -301,9 +301,8 @@ SERVER_ARM = arms.Arm("server", title="the remote server as it runs (its chunked
 
 def remote_arms_mapped(*declared: arms.Arm) -> bool:
     """Whether LAB_REMOTE_ARMS maps any of these arms to a server of its own."""
-    import json
-    import os
-    mapped = json.loads(os.environ.get("LAB_REMOTE_ARMS", "{}") or "{}")
+    from ..remote import mapped_arms
+    mapped = mapped_arms()
     return any(a.key in mapped for a in declared)
 
 
