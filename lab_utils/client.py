@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from .sse import pop_sse_data
+from .stream_timer import StreamTimer
 
 
 @dataclass
@@ -108,16 +108,6 @@ class RequestRecord:
     def from_json(cls, d: dict[str, Any]) -> RequestRecord:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
-
-
-def _token_logprobs(logprobs: dict | None) -> list[float]:
-    """The sampled tokens' log-probabilities in a chunk's `logprobs` (chat:
-    `content[].logprob`; completions: `token_logprobs`)."""
-    if not logprobs:
-        return []
-    if logprobs.get("content") is not None:
-        return [float(t["logprob"]) for t in logprobs["content"]]
-    return [float(x) for x in logprobs.get("token_logprobs") or [] if x is not None]
 
 
 # --------------------------------------------------------------------------
@@ -258,70 +248,44 @@ class Client:
         body = spec.payload(self.model)
         if self.request_fields is not None:
             body.update(self.request_fields())
-        text_parts: list[str] = []
         rec.send_time = time.time()
         st = rec.start = time.perf_counter()
-        last = st
+        timer = StreamTimer(st, api="chat" if spec.api == "chat" else "completions")
+        # The record shares the timer's lists, so `stop_when` sees the stream so far.
+        rec.chunk_times, rec.chunk_tokens, rec.logprobs = (timer.times, timer.token_counts,
+                                                           timer.logprobs)
+
+        def stop(t: StreamTimer) -> bool:
+            rec.ttft, rec.finish_reason = t.ttft, t.finish_reason
+            return stop_when(rec)
+
         try:
             async with session.post(url, json=body, headers=spec.headers or None) as resp:
                 rec.status = resp.status
                 if resp.status != 200:
                     rec.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"
                     return rec
-                buffer = bytearray()
                 async for chunk in resp.content.iter_any():
-                    now = time.perf_counter()
-                    buffer += chunk
-                    for message in pop_sse_data(buffer):
-                        if message == "[DONE]":
-                            continue
-                        data = json.loads(message)
-                        if "error" in data and not data.get("choices"):
-                            rec.error = f"stream error: {data['error']}"
-                            continue
-                        usage = data.get("usage")
-                        if usage:
-                            rec.output_tokens = usage.get("completion_tokens")
-                            rec.prompt_tokens = usage.get("prompt_tokens", rec.prompt_tokens)
-                            details = usage.get("prompt_tokens_details") or {}
-                            if details.get("cached_tokens") is not None:
-                                rec.cached_tokens = details["cached_tokens"]
-                        choices = data.get("choices")
-                        if not choices:
-                            continue  # the trailing usage-only chunk carries no token
-                        choice = choices[0]
-                        piece = (choice.get("delta") or {}).get("content") if spec.api == "chat" \
-                            else choice.get("text")
-                        text_parts.append(piece or "")
-                        rec.logprobs.extend(_token_logprobs(choice.get("logprobs")))
-                        if choice.get("finish_reason"):
-                            rec.finish_reason = choice["finish_reason"]
-                        if rec.ttft is None:
-                            rec.ttft = now - st
-                        else:
-                            rec.itl.append(now - last)
-                        last = now
-                        rec.chunk_times.append(now - st)
-                        rec.chunk_tokens.append(usage.get("completion_tokens", len(rec.chunk_times))
-                                                if usage else len(rec.chunk_times))
-                        if stop_when is not None and not rec.finish_reason and stop_when(rec):
-                            rec.finish_reason = "client_stop"
-                            rec.output_tokens = rec.chunk_tokens[-1]
-                            break
-                    if rec.finish_reason == "client_stop":
+                    if timer.feed(chunk, time.perf_counter(),
+                                  stop if stop_when is not None else None):
+                        timer.finish_reason = "client_stop"
+                        timer.output_tokens = timer.token_counts[-1]
                         break
-            if rec.ttft is None:
-                rec.error = rec.error or "the stream ended without a token chunk"
-            else:
-                rec.e2e = last - st
-                rec.ok = not rec.error
+            rec.error = timer.close()
+            rec.ok = not rec.error
+            rec.e2e = timer.e2e  # an answer that did not end has no E2E
         except asyncio.CancelledError:
-            rec.error = "cancelled"
+            timer.error = "cancelled"
             raise
         except Exception as exc:  # connection refused, reset, timeout, bad JSON
-            rec.error = f"{type(exc).__name__}: {exc}"
+            timer.error = f"{type(exc).__name__}: {exc}"
         finally:
-            rec.text = "".join(text_parts)
+            rec.error = rec.error or timer.error
+            rec.ttft, rec.itl = timer.ttft, timer.itl
+            rec.text, rec.finish_reason = timer.text, timer.finish_reason
+            rec.prompt_tokens = timer.prompt_tokens if timer.prompt_tokens is not None \
+                else rec.prompt_tokens
+            rec.output_tokens, rec.cached_tokens = timer.output_tokens, timer.cached_tokens
         return rec
 
     async def run_async(self, specs: Sequence[RequestSpec], load: Load = Load(),

@@ -10,12 +10,11 @@ together with the set-up it paid.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .sse import pop_sse_data
+from .stream_timer import StreamTimer
 
 
 @dataclass
@@ -69,15 +68,13 @@ async def traced_stream(client, url: str, body: dict, headers: dict | None = Non
             if resp.status_code != 200:
                 row["error"] = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
             else:
-                buf = bytearray()
+                timer = StreamTimer(t0)
                 async for raw in resp.aiter_raw():
-                    now = time.perf_counter()
-                    buf += raw
-                    for data in pop_sse_data(buf):
-                        if data != "[DONE]" and json.loads(data).get("choices"):
-                            row.setdefault("ttft_ms", (now - t0) * 1e3)
-                            row["e2e_ms"] = (now - t0) * 1e3
-                row["ok"] = "ttft_ms" in row
+                    timer.feed(raw, time.perf_counter())
+                if timer.times:
+                    row["ttft_ms"], row["e2e_ms"] = timer.ttft * 1e3, timer.e2e * 1e3
+                row["error"] = timer.close()
+                row["ok"] = not row["error"]
     except Exception as exc:  # refused, reset, TLS failure
         row["error"] = f"{type(exc).__name__}: {exc}"
     row.update(connection_setup(trace), tls_version=trace.tls_version, alpn=trace.alpn)

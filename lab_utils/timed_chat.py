@@ -23,7 +23,7 @@ import numpy as np
 
 from .app import timing_from_comment
 from .client import RequestRecord
-from .sse import pop_sse_blocks, sse_data
+from .stream_timer import StreamTimer
 
 
 @dataclass
@@ -75,14 +75,6 @@ def request_body(model: str, messages: list[dict], max_tokens: int, stream: bool
     return body
 
 
-def _usage(t: Timed, usage: dict | None) -> None:
-    if usage:
-        t.output_tokens = usage.get("completion_tokens", t.output_tokens)
-        t.prompt_tokens = usage.get("prompt_tokens", t.prompt_tokens)
-        t.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens",
-                                                                          t.cached_tokens)
-
-
 async def timed_request(session, url: str, body: dict, *, arm: str = "", index: int = 0,
                         headers: dict | None = None) -> Timed:
     """POST `body` to `url` (an OpenAI chat endpoint) and time what arrives."""
@@ -97,43 +89,24 @@ async def timed_request(session, url: str, body: dict, *, arm: str = "", index: 
             if resp.status != 200:
                 t.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                 return t
-            if not stream:
-                data = json.loads(await resp.read())
-                now = time.perf_counter() - t0
-                t.ttft_s = t.e2e_s = now
-                text = data["choices"][0]["message"].get("content") or ""
-                _usage(t, data.get("usage"))
-                t.times, t.pieces, t.token_counts = [now], [text], [t.output_tokens or 0]
-                for part in resp.headers.get("Server-Timing", "").split(","):
-                    name, _, dur = part.strip().partition(";dur=")
-                    if dur:
-                        t.app_timing[f"{name}_s"] = float(dur) / 1e3
-                return t
-            buffer = bytearray()
-            async for raw in resp.content.iter_any():
-                now = time.perf_counter() - t0
-                buffer += raw
-                for block in pop_sse_blocks(buffer):
-                    timing = timing_from_comment(block)
-                    if timing is not None:
-                        t.app_timing.update(timing)
-                    data = sse_data(block)
-                    if data is None or data == "[DONE]":
-                        continue
-                    chunk = json.loads(data)
-                    if "error" in chunk and not chunk.get("choices"):
-                        t.error = f"stream error: {chunk['error']}"
-                        continue
-                    _usage(t, chunk.get("usage"))
-                    choices = chunk.get("choices")
-                    if not choices:
-                        continue
-                    t.ttft_s = t.ttft_s if t.ttft_s is not None else now
-                    t.e2e_s = now
-                    t.times.append(now)
-                    t.pieces.append((choices[0].get("delta") or {}).get("content") or "")
-                    t.token_counts.append((chunk.get("usage") or {}).get("completion_tokens",
-                                                                          len(t.times)))
+            timer = StreamTimer(t0)
+            try:
+                if stream:
+                    async for raw in resp.content.iter_any():
+                        timer.feed(raw, time.perf_counter())
+                else:
+                    timer.whole_body(json.loads(await resp.read()), time.perf_counter())
+            finally:
+                t.ttft_s, t.e2e_s = timer.ttft, timer.e2e
+                t.times, t.pieces, t.token_counts = timer.times, timer.pieces, timer.token_counts
+                t.prompt_tokens, t.output_tokens = timer.prompt_tokens, timer.output_tokens
+                t.cached_tokens, t.error = timer.cached_tokens, timer.error
+                for comment in timer.comments:
+                    t.app_timing.update(timing_from_comment(comment) or {})
+            for part in ("" if stream else resp.headers.get("Server-Timing", "")).split(","):
+                name, _, dur = part.strip().partition(";dur=")
+                if dur:
+                    t.app_timing[f"{name}_s"] = float(dur) / 1e3
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # refused, reset, bad JSON
