@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Self
 
 import psutil
@@ -163,3 +163,20 @@ def compute_cost(prefill_cpu_s: float | None, total_cpu_s: float | None, request
     steps = requests * max(output_tokens - 1, 1)
     return {"prefill_cpu_ms": per_prefill * 1e3,
             "decode_cpu_ms": max(total_cpu_s - prefill_cpu_s, 0.0) / steps * 1e3}
+
+def busy_runs_warning(runs, keys: Sequence[str], *, cores: int | None = None,
+                      factor: float = 2.0) -> str:
+    """A warning naming the runs (rows of `runs`, named by their `keys`
+    columns joined by "/") whose `host_load_1m` was above `factor` x cores,
+    i.e. other processes competed for the CPU; "" if none was."""
+    cores = cores or os.cpu_count() or 1
+    if runs.empty or "host_load_1m" not in runs:
+        return ""
+    busy = runs[runs.host_load_1m > factor * cores]
+    if busy.empty:
+        return ""
+    names = ", ".join("/".join(str(r[k]) for k in keys) + f" ({r.host_load_1m:.1f})"
+                      for _, r in busy.iterrows())
+    return (f"host load average above {factor * cores:g} on {cores} cores during {len(busy)} of "
+            f"{len(runs)} runs: {names}. Their timings include other processes' work; vLLM's "
+            "counters do not depend on it.")

@@ -32,6 +32,19 @@ def tpot(e2e: float | None, ttft: float | None, output_tokens: int | None) -> fl
     return (e2e - ttft) / (output_tokens - 1)
 
 
+def percentile(values: Iterable[float | None], q: float) -> float:
+    """numpy's linear percentile `q` of the values that are not None (NaN
+    when there are none, so a table row of an arm without such requests
+    still has the column)."""
+    arr = np.asarray([v for v in values if v is not None], dtype=float)
+    return float(np.percentile(arr, q)) if arr.size else math.nan
+
+
+def ms(seconds: float | None) -> float:
+    """Seconds as milliseconds; None (not measured) as NaN."""
+    return seconds * 1e3 if seconds is not None else math.nan
+
+
 def percentile_stats(values: Iterable[float], scale: float = 1000.0) -> dict[str, float]:
     """mean, std, median, p90, p99 (numpy's linear percentiles), scaled (s -> ms)."""
     arr = np.asarray([v for v in values if v is not None], dtype=float) * scale

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import difflib
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,6 +296,21 @@ class NotebookContext:
             self.engines.close()  # a server that failed to start leaves nothing behind
             self.skip(a, f"its server did not start: {root_cause(str(exc)) or exc}")
         return None
+
+    def arms_together(self, names: Sequence[str], needs: str) -> dict[str, Any]:
+        """The engines of arms that must all run at once ({name: engine}, the
+        plan's `together`); NotebookSkipped naming each missing arm and why,
+        when this target cannot serve one of them (`needs`: what the notebook
+        needs them for, e.g. "model tiering needs both tiers")."""
+        from .errors import NotebookSkipped
+        engines = {name: self.arm(name) for name in names}
+        missing = [name for name, engine in engines.items() if engine is None]
+        if missing:
+            whys = self.results.data.get("skipped_arms", {})
+            raise NotebookSkipped(f"{needs}; {missing} cannot run on profile "
+                                  f"{self.profile.name!r}: "
+                                  + "; ".join(str(whys.get(n, "")) for n in missing))
+        return engines
 
     def serve_with(self, profile: Profile) -> None:
         """Start this notebook's engines from `profile` from now on (e.g. the

@@ -244,8 +244,43 @@ def text_diff(a: str, b: str, *, context: int = 40, a_name: str = "baseline",
                                  n=1)
     return f"first difference at character {i}:\n" + "\n".join(lines)
 
+def output_identity(requests: pd.DataFrame, baseline: str = "baseline",
+                    keys: Sequence[str] = ("workload", "concurrency", "index")) -> pd.DataFrame:
+    """Per treated arm and prompt (the request identified by `keys`, the
+    same in every arm): whether its greedy text equals the `baseline` arm's,
+    where they first differ and a short diff (`diff_text`, empty when
+    identical). `requests` has one row per request with `arm`, `ok`, `text`
+    and the `keys` columns."""
+    keys = list(keys)
+    cols = ["arm", *keys, "identical", "first_difference", "baseline_chars", "treated_chars",
+            "diff_text"]
+    if requests.empty or baseline not in set(requests.arm):
+        return pd.DataFrame(columns=cols)
+    ok = requests[requests.ok.astype(bool)]
+    base = {tuple(r[k] for k in keys): r.text for _, r in ok[ok.arm == baseline].iterrows()}
+    rows = []
+    for _, r in ok[ok.arm != baseline].iterrows():
+        ref = base.get(tuple(r[k] for k in keys))
+        if ref is None:
+            continue
+        rows.append({"arm": r.arm, **{k: r[k] for k in keys}, "identical": r.text == ref,
+                     "first_difference": first_difference(ref, r.text),
+                     "baseline_chars": len(ref), "treated_chars": len(r.text),
+                     "diff_text": text_diff(ref, r.text, b_name=r.arm)})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def identity_summary(identity: pd.DataFrame,
+                     by: Sequence[str] = ("arm", "workload", "concurrency")) -> pd.DataFrame:
+    """Compared and identical prompts of `output_identity`, per group `by`."""
+    if identity.empty:
+        return pd.DataFrame(columns=["compared", "identical"])
+    g = identity.groupby(list(by), sort=False)
+    return pd.DataFrame({"compared": g.size(), "identical": g.identical.sum().astype(int)})
+
 
 __all__ = ["agreement", "answer_specs", "answer_summary", "answer_table", "answers_frame",
-           "compare_logprobs", "first_difference", "greedy_answers", "text_diff",
+           "compare_logprobs", "first_difference", "greedy_answers", "identity_summary",
+           "output_identity", "text_diff",
            "normalise_answer", "perplexity", "pooled_perplexity", "prompt_logprobs", "score_text",
            "text_windows", "token_logprobs"]

@@ -114,3 +114,16 @@ def test_context_refuses_an_engine_outside_the_plan_and_notes_skipped_arms(tmp_p
     assert "kv_cache_dtype='auto'" in results.data["skipped_arms"]["fp8"]
     assert any("arm 'fp8' skipped" in n for n in results.data["notes"])
     assert ctx.arm("base") is not None
+
+
+def test_arms_that_must_run_together_skip_the_notebook_naming_the_missing_one(tmp_path, remote):
+    from lab_utils.errors import NotebookSkipped
+    from lab_utils.notebook import NotebookContext
+    from lab_utils.results import Results
+    plan = Plan("nb", (Arm("base"), Arm("fp8", {"kv_cache_dtype": "fp8"},
+                                         knob="kv_cache_dtype")), together=(("base", "fp8"),))
+    ctx = NotebookContext("nb", remote, EnginePool(remote), Results("nb", tmp_path, "remote"),
+                          {}, plan)
+    with pytest.raises(NotebookSkipped, match=r"both arms; \['fp8'\] cannot run.*auto"):
+        ctx.arms_together(plan.names, "nb needs both arms")
+    assert list(ctx.arms_together(["base"], "nb needs base")) == ["base"]

@@ -342,7 +342,7 @@ def test_load_warning_names_busy_runs():
                          {"arm": "ngram k=4", "workload": "chat", "concurrency": 1,
                           "host_load_1m": 1.2}])
     msg = sd.load_warning(runs, cores=2)
-    assert "1 of 2 runs" in msg and "baseline/chat/c1 (9.5)" in msg and "ngram" not in msg
+    assert "1 of 2 runs" in msg and "baseline/chat/1 (9.5)" in msg and "ngram" not in msg
     assert sd.load_warning(runs, cores=8) == ""
     assert sd.load_warning(pd.DataFrame(), cores=2) == ""
 

@@ -120,3 +120,14 @@ def test_compute_cost():
     assert c["prefill_cpu_ms"] == pytest.approx(200)
     assert c["decode_cpu_ms"] == pytest.approx(2200 / (4 * 31))
     assert math.isnan(compute_cost(None, 3.0, 4, 32)["decode_cpu_ms"])
+
+
+def test_busy_runs_warning_names_the_runs_past_the_load_limit():
+    import pandas as pd
+
+    from lab_utils.host import busy_runs_warning
+    runs = pd.DataFrame([{"arm": "a", "n": 1, "host_load_1m": 4.5},
+                         {"arm": "b", "n": 2, "host_load_1m": 3.9}])
+    msg = busy_runs_warning(runs, ("arm", "n"), cores=2)      # limit 2 x 2 = 4
+    assert "1 of 2 runs: a/1 (4.5)" in msg and "b/2" not in msg
+    assert busy_runs_warning(runs, ("arm",), cores=4) == ""

@@ -319,3 +319,11 @@ def test_interference_of_other_tags():
     assert [r.index for r in m.streaming_when_sent(renamed, "chat", "batch")] == [1]
     assert m.streaming_when_sent(renamed) == []                # no "short"/"long" here
 
+
+
+def test_percentile_skips_missing_values_and_is_nan_without_any():
+    from lab_utils.metrics import ms, percentile
+    assert percentile([1.0, None, 3.0], 50) == 2.0       # numpy's linear rule on [1, 3]
+    assert percentile([10.0, 20.0, 30.0, 40.0], 25) == 17.5
+    assert math.isnan(percentile([None], 50)) and math.isnan(percentile([], 99))
+    assert ms(0.0125) == 12.5 and math.isnan(ms(None))

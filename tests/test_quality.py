@@ -115,3 +115,21 @@ def test_answer_table_and_summary_per_question():
     assert other.same_as_fp8_auto.tolist() == [True, False] and "same_as_auto_fp8" not in other
     assert quality.answer_summary(other, ["auto", "fp8"], "fp8").loc["fp8"].tolist() == [2, 1, 2]
     assert quality.answer_table(pd.DataFrame()).empty
+
+
+def test_output_identity_pairs_requests_by_the_given_keys():
+    import pandas as pd
+
+    from lab_utils.quality import identity_summary, output_identity
+    frame = pd.DataFrame([
+        {"arm": "base", "tenant": 1, "index": 0, "ok": True, "text": "abc"},
+        {"arm": "base", "tenant": 1, "index": 1, "ok": True, "text": "xyz"},
+        {"arm": "new", "tenant": 1, "index": 0, "ok": True, "text": "abc"},
+        {"arm": "new", "tenant": 1, "index": 1, "ok": True, "text": "xyq"},
+        {"arm": "new", "tenant": 2, "index": 0, "ok": True, "text": "no baseline"}])
+    ident = output_identity(frame, "base", keys=("tenant", "index"))
+    assert ident.identical.tolist() == [True, False]
+    assert ident.first_difference.isna().tolist() == [True, False]
+    assert ident.first_difference.iloc[1] == 2          # "xyz" vs "xyq"
+    summary = identity_summary(ident, by=("arm", "tenant"))
+    assert summary.loc[("new", 1)].tolist() == [2, 1]

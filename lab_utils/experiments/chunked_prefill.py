@@ -31,18 +31,18 @@ import numpy as np
 import pandas as pd
 
 from .. import arms
-from ..capacity import Capacity, cache_path, measure_capacity
+from ..capacity import cache_path, measure_capacity
 from ..client import Client, Load, RequestRecord, RequestSpec, Run
 from ..counters import GaugeSampler
 from ..engine_steps import StepLog, parse_iteration_log, step_stats
 from ..figures.chunked_prefill import plot_steps, plot_sweep
 from ..host import host_load
-from ..metrics import arrived_while_waiting, decode_stall
+from ..interference import LONG, SHORT, PlacedLoad, mixed_schedule, place_load
+from ..metrics import arrived_while_waiting, decode_stall, ms, percentile
 from ..results import Results, measure
 from ..vllm_code import vllm_source
 from ..workloads import Schedule, chat_specs, synthetic_specs, tokenizer_for
 
-SHORT, LONG = "short", "long"
 #: Prompt tokens of a long request unless the notebook says otherwise.
 LONG_PROMPT_TOKENS = 1536
 
@@ -54,25 +54,6 @@ _fresh = itertools.count(1)
 # --------------------------------------------------------------------------
 # The workload: a seeded schedule of short and long requests
 # --------------------------------------------------------------------------
-
-def mixed_schedule(n_short: int, short_rate: float, long_at: Sequence[float], *,
-                   anchor_lead_s: float = 0.4, seed: int = 0) -> list[tuple[float, str]]:
-    """Send times (s from the run start) and tags, sorted by time.
-
-    Short requests arrive as a seeded Poisson stream at `short_rate` req/s
-    (`Load.poisson`); a long request arrives at each offset in `long_at`. One
-    extra "anchor" short request is sent `anchor_lead_s` before each long one,
-    so that at least one short request is decoding when every long prompt
-    lands (the decode stall is then measured on every run, not by luck)."""
-    if n_short < 0 or not short_rate > 0:
-        raise ValueError(f"need n_short >= 0 and short_rate > 0, got {n_short}, {short_rate}")
-    shorts = Load.poisson(short_rate, seed=seed).arrival_offsets(n_short) if n_short else []
-    anchors = [max(0.0, t - anchor_lead_s) for t in long_at] if anchor_lead_s > 0 else []
-    events = ([(float(t), SHORT) for t in shorts] + [(float(t), SHORT) for t in anchors]
-              + [(float(t), LONG) for t in long_at])
-    # Stable sort: at equal times the short request goes first.
-    return sorted(events, key=lambda e: (e[0], e[1] == LONG))
-
 
 def mixed_workload(engine, *, n_short: int = 12, short_rate: float = 1.5,
                    long_at: Sequence[float] = (1.5, 6.0, 10.5),
@@ -101,74 +82,6 @@ def mixed_workload(engine, *, n_short: int = 12, short_rate: float = 1.5,
 # --------------------------------------------------------------------------
 # The load, placed from what the engine measured
 # --------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PlacedLoad:
-    """The schedule's load and where it came from: the short stream's rate as
-    a share of the engine's measured capacity for short requests, and the
-    long requests' spacing in multiples of one long request's solo latency.
-    Then the queue a long prompt builds is the same on a slow CPU, a fast CPU
-    and a GPU. Explicit values (`short_rate`, `long_at`) are used as given."""
-    short_rate: float
-    long_at: tuple[float, ...]
-    n_short: int
-    short_capacity: Capacity | None = None
-    long_solo_s: float | None = None
-
-    def workload(self) -> dict[str, Any]:
-        """The `mixed_workload` keywords of this load."""
-        return {"n_short": self.n_short, "short_rate": self.short_rate,
-                "long_at": list(self.long_at)}
-
-    @property
-    def short_share(self) -> float | None:
-        """The short stream's rate over the short requests' saturation throughput."""
-        cap = self.short_capacity
-        return self.short_rate / cap.max_rate if cap and cap.max_rate > 0 else None
-
-    def describe(self) -> str:
-        parts = [f"{self.n_short} short requests at {self.short_rate:.3g} req/s"]
-        if self.short_share is not None:
-            parts[0] += (f" = {self.short_share:.2f} x the {self.short_capacity.max_rate:.3g} "
-                         "req/s the engine served saturated")
-        gaps = np.diff(self.long_at)
-        parts.append(f"{len(self.long_at)} long requests at {[round(t, 2) for t in self.long_at]}"
-                     " s" + (f" (every {gaps.mean():.2f} s" if len(gaps) else " (")
-                     + (f"; one alone took {self.long_solo_s:.2f} s)" if self.long_solo_s
-                        else ")"))
-        return "; ".join(parts)
-
-
-def place_load(short: Capacity | None, long_solo_s: float | None, *, short_load: float,
-               long_requests: int, long_spacing: float, short_rate: float = 0.0,
-               long_at: Sequence[float] = (), n_short: int = 0) -> PlacedLoad:
-    """The schedule of the sweep (pure). The short stream runs at `short_load`
-    x the short requests' saturation throughput (`short.max_rate`) unless
-    `short_rate` > 0 fixes it; `long_requests` long prompts arrive
-    `long_spacing` x `long_solo_s` apart (the first half a gap in) unless
-    `long_at` fixes the times; `n_short` (0: enough to keep the stream going
-    until the last long prompt arrives, at least 4)."""
-    if short_rate > 0:
-        rate = float(short_rate)
-    elif short is not None and short.max_rate > 0 and short_load > 0:
-        rate = short.fraction(short_load)
-    else:
-        raise ValueError("no short-request rate: give short_rate > 0, or short_load > 0 and a "
-                         "measured capacity")
-    if long_at:
-        times = tuple(float(t) for t in long_at)
-    elif long_requests > 0:
-        if not (long_solo_s and long_solo_s > 0 and long_spacing > 0):
-            raise ValueError("no long-request times: give long_at, or long_spacing > 0 and a "
-                             "measured long-request latency")
-        gap = long_spacing * long_solo_s
-        times = tuple(round(gap * (i + 0.5), 2) for i in range(int(long_requests)))
-    else:
-        times = ()
-    span = max(times, default=0.0)
-    n = int(n_short) if n_short > 0 else max(4, math.ceil(rate * span))
-    return PlacedLoad(float(f"{rate:.3g}"), times, n, short, long_solo_s)
-
 
 def load_for(ctx, *, short_load: float, long_requests: int, long_spacing: float,
              short_rate: float = 0.0, long_at: Sequence[float] = (), n_short: int = 0,
@@ -212,11 +125,6 @@ def load_for(ctx, *, short_load: float, long_requests: int, long_spacing: float,
                                 "described": placed.describe()}
     ctx.results.save()
     return placed
-
-
-def _pct(values: Sequence[float], q: float) -> float:
-    arr = np.asarray([v for v in values if v is not None], dtype=float)
-    return float(np.percentile(arr, q)) if arr.size else math.nan
 
 
 # --------------------------------------------------------------------------
@@ -371,34 +279,26 @@ def arm_row(arm: ArmRun) -> dict[str, Any]:
     out_tokens = sum(r.output_tokens or 0 for r in recs)
     return {"arm": arm.label, "chunked_prefill": arm.chunked, "max_num_batched_tokens": arm.budget,
             "long_prefill_token_threshold": arm.threshold,
-            "short_ttft_ms_p50": _pct([r.ttft * 1e3 for r in short], 50),
-            "short_ttft_ms_p99": _pct([r.ttft * 1e3 for r in short], 99),
-            "long_ttft_ms_median": _pct([r.ttft * 1e3 for r in long], 50),
-            "long_ttft_ms_max": _pct([r.ttft * 1e3 for r in long], 100),
-            "blocked_short_ttft_ms_median": _pct(
+            "short_ttft_ms_p50": percentile([r.ttft * 1e3 for r in short], 50),
+            "short_ttft_ms_p99": percentile([r.ttft * 1e3 for r in short], 99),
+            "long_ttft_ms_median": percentile([r.ttft * 1e3 for r in long], 50),
+            "long_ttft_ms_max": percentile([r.ttft * 1e3 for r in long], 100),
+            "blocked_short_ttft_ms_median": percentile(
                 [r.ttft * 1e3 for r in arrived_while_waiting(arm.records, SHORT, LONG)], 50),
             **decode_stall(arm.records, SHORT, LONG),
-            "short_itl_ms_p50": _pct([g * 1e3 for r in short for g in r.itl], 50),
+            "short_itl_ms_p50": percentile([g * 1e3 for r in short for g in r.itl], 50),
             "output_tok_s": out_tokens / arm.run.duration_s if arm.run.duration_s else math.nan,
             "duration_s": arm.run.duration_s,
             "failed": sum(not r.ok for r in arm.records),
-            "server_ttft_ms_p99": _ms(c.get("server_ttft_s_p99")),
-            "server_itl_ms_p99": _ms(c.get("server_itl_s_p99")),
-            "server_queue_ms_mean": _ms(c.get("server_queue_s_mean")),
-            "server_prefill_ms_mean": _ms(c.get("server_prefill_s_mean")),
+            "server_ttft_ms_p99": ms(c.get("server_ttft_s_p99")),
+            "server_itl_ms_p99": ms(c.get("server_itl_s_p99")),
+            "server_queue_ms_mean": ms(c.get("server_queue_s_mean")),
+            "server_prefill_ms_mean": ms(c.get("server_prefill_s_mean")),
             "prefix_cache_hits": c.get("prefix_cache_hits"),
             "host_load_1m": arm.host_load,
-            "waiting_max": _num(arm.queue.get("waiting_max")),
-            "waiting_mean": _num(arm.queue.get("waiting_mean")),
+            "waiting_max": percentile([arm.queue.get("waiting_max")], 100),
+            "waiting_mean": percentile([arm.queue.get("waiting_mean")], 100),
             **step_stats(arm.steps)}
-
-
-def _ms(seconds: float | None) -> float:
-    return seconds * 1e3 if seconds is not None else math.nan
-
-
-def _num(value: float | None) -> float:
-    return float(value) if value is not None else math.nan
 
 
 def sweep_table(runs: Mapping[str, ArmRun]) -> pd.DataFrame:

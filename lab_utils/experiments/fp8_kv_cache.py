@@ -42,6 +42,7 @@ from ..kv_memory import (CPU_KV_ENV, ELEMENT_BYTES, GIB, byte_budget_profile,
                          decode_step_traffic, default_block_size, expected_capacity_tokens,
                          gib_to_bytes, kv_element_bytes, kv_geometry, predicted_capacity,
                          requests_that_fit, safetensors_parameters)
+from ..metrics import ms
 from ..profiles import ConfigError, Profile
 from ..quality import (answer_summary, answer_table, compare_logprobs, greedy_answers,
                        prompt_logprobs, text_windows, token_logprobs)
@@ -86,16 +87,12 @@ def pressure_row(arm: str, run, gauges: pd.DataFrame, *, capacity_tokens: float,
             "ttft_ms_p99": s["ttft_ms_p99"], "tpot_ms_median": s["tpot_ms_median"],
             "tpot_ms_p99": s["tpot_ms_p99"], "e2e_ms_p99": s["e2e_ms_p99"],
             "output_tok_s": s["output_throughput"], "duration_s": s["duration_s"],
-            "server_queue_ms_mean": _ms(c.get("server_queue_s_mean")),
-            "server_queue_ms_p99": _ms(c.get("server_queue_s_p99")),
+            "server_queue_ms_mean": ms(c.get("server_queue_s_mean")),
+            "server_queue_ms_p99": ms(c.get("server_queue_s_p99")),
             "running_max": float(running.max()) if len(running) else math.nan,
             "waiting_max": float(waiting.max()) if len(waiting) else math.nan,
             "kv_usage_max_pct": float(gauges.kv_cache_usage.max() * 100) if len(gauges)
             else math.nan}
-
-
-def _ms(seconds: float | None) -> float:
-    return seconds * 1e3 if seconds is not None else math.nan
 
 
 # --------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from ..arms import ROLE
 from ..client import Load, RequestRecord, RequestSpec
 from ..counters import delta, scrape
 from ..cpu_tuning import core_shares
+from ..figures.model_tiering import plot_confidence, plot_latency
 from ..host import EngineCPU
 from ..metrics import percentile_stats, records_frame
 from ..profiles import ConfigError, Profile
@@ -109,15 +110,7 @@ def plan(profile: Profile, params: Mapping[str, Any]) -> arms.Plan:
 def tier_engines(ctx) -> dict[str, Any]:
     """Both tiers' engines (the plan's arms), running side by side (the plan
     keeps two alive); NotebookSkipped if this target cannot serve one of them."""
-    from ..errors import NotebookSkipped
-    engines = {tier: ctx.arm(tier) for tier in TIERS}
-    missing = [tier for tier, engine in engines.items() if engine is None]
-    if missing:
-        whys = ctx.results.data.get("skipped_arms", {})
-        raise NotebookSkipped(f"model tiering needs both tiers; {missing} cannot run on "
-                              f"profile {ctx.profile.name!r}: "
-                              + "; ".join(str(whys.get(t, "")) for t in missing))
-    return engines
+    return ctx.arms_together(TIERS, "model tiering needs both tiers")
 
 
 @dataclass
@@ -476,33 +469,6 @@ def _served(mech: pd.DataFrame) -> str:
     return ", ".join(f"{engine} {value:.0f}" if value is not None and math.isfinite(value)
                      else f"{engine} n/a"
                      for engine, value in mech["vLLM requests succeeded"].items())
-
-
-def plot_latency(arms: Arms, title: str = "TTFT and TPOT per arm"):
-    from .. import plots
-    f = arms.frame()
-    f = f[f.ok].assign(label=lambda d: d.arm)
-    return plots.latency_distributions(f, metrics=("ttft_ms", "tpot_ms"), title=title)
-
-
-def plot_confidence(quality: pd.DataFrame, threshold: float | None = None,
-                    title: str = "The probe's signal: confidence of correct and wrong answers"):
-    """Strip plot of each answer's confidence (mean log-prob of its first
-    tokens), by tier and correctness, with the threshold if one is set."""
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-    data = quality.assign(outcome=quality.correct.map({True: "correct", False: "wrong"}))
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    sns.stripplot(data=data, x="tier", y="confidence", hue="outcome", dodge=True, ax=ax,
-                  palette={"correct": "tab:green", "wrong": "tab:red"}, size=5, alpha=0.8)
-    if threshold is not None:
-        ax.axhline(threshold, color="black", ls="--", lw=1, label=f"threshold {threshold:g}")
-    ax.set_ylabel("mean log-prob of the first tokens (nats/token)")
-    ax.set_xlabel("tier")
-    ax.legend(loc="lower left", fontsize=8)
-    ax.set_title(title)
-    fig.tight_layout()
-    return fig
 
 
 def explore(engines: dict[str, Any], work: Workload, baseline: Arms, **rule_kw: Any):

@@ -148,15 +148,8 @@ def replica_engines(ctx) -> list[Any]:
     (the profile without VLLM_CPU_KVCACHE_SPACE, as 06 does)."""
     if any("kv_cache_memory_bytes" in a.flags for a in ctx.plan.arms):
         ctx.serve_with(byte_budget_profile(ctx.profile))
-    engines = [ctx.arm(name) for name in ctx.plan.names]
-    missing = [n for n, e in zip(ctx.plan.names, engines) if e is None]
-    if missing:
-        from ..errors import NotebookSkipped
-        whys = ctx.results.data.get("skipped_arms", {})
-        raise NotebookSkipped(f"replica routing needs every replica; {missing} cannot run on "
-                              f"profile {ctx.profile.name!r}: "
-                              + "; ".join(str(whys.get(n, "")) for n in missing))
-    return engines
+    return list(ctx.arms_together(ctx.plan.names, "replica routing needs every replica")
+                .values())
 
 
 # --------------------------------------------------------------------------

@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,10 +43,10 @@ from .. import arms
 from ..client import Load, RequestSpec
 from ..counters import scrape_text
 from ..figures.speculative_decoding import plot_acceptance, plot_chunk_vs_token, plot_tpot
-from ..host import host_load
-from ..metrics import chunk_frame, token_chunks, token_gaps_ms
+from ..host import busy_runs_warning, host_load
+from ..metrics import chunk_frame, percentile, token_chunks, token_gaps_ms
 from ..profiles import ConfigError, Profile
-from ..quality import first_difference, text_diff
+from ..quality import identity_summary, output_identity
 from ..results import Results, measure
 from ..speculation import (SPEC_KNOB, V1_RUNNER_ENV, break_even_acceptance, describe_draft,
                            draft_model_config, draft_source, ensure_draft, ngram_config,
@@ -168,43 +167,6 @@ def explore_methods(profile: Profile) -> list[str]:
 
 
 # --------------------------------------------------------------------------
-# Output identity (pure)
-# --------------------------------------------------------------------------
-
-def output_identity(requests: pd.DataFrame, baseline: str = "baseline") -> pd.DataFrame:
-    """Per treated arm, workload, concurrency and prompt: whether its greedy
-    text equals the baseline's for the same prompt, where they first differ
-    and a short diff (`diff_text`, empty when identical)."""
-    cols = ["arm", "workload", "concurrency", "index", "identical", "first_difference",
-            "baseline_chars", "treated_chars", "diff_text"]
-    if requests.empty or baseline not in set(requests.arm):
-        return pd.DataFrame(columns=cols)
-    ok = requests[requests.ok.astype(bool)]
-    base = {(r.workload, r.concurrency, r["index"]): r.text
-            for _, r in ok[ok.arm == baseline].iterrows()}
-    rows = []
-    for _, r in ok[ok.arm != baseline].iterrows():
-        key = (r.workload, r.concurrency, r["index"])
-        if key not in base:
-            continue
-        ref = base[key]
-        rows.append({"arm": r.arm, "workload": r.workload, "concurrency": r.concurrency,
-                     "index": r["index"], "identical": r.text == ref,
-                     "first_difference": first_difference(ref, r.text),
-                     "baseline_chars": len(ref), "treated_chars": len(r.text),
-                     "diff_text": text_diff(ref, r.text, b_name=r.arm)})
-    return pd.DataFrame(rows, columns=cols)
-
-
-def identity_summary(identity: pd.DataFrame) -> pd.DataFrame:
-    """Matching / compared prompts per arm, workload and concurrency."""
-    if identity.empty:
-        return pd.DataFrame(columns=["compared", "identical"])
-    g = identity.groupby(["arm", "workload", "concurrency"], sort=False)
-    return pd.DataFrame({"compared": g.size(), "identical": g.identical.sum().astype(int)})
-
-
-# --------------------------------------------------------------------------
 # Tables (pure)
 # --------------------------------------------------------------------------
 
@@ -224,9 +186,8 @@ def run_row(run, arm: SpecArm, workload: str, concurrency: int, chunks: pd.DataF
             row[f"{m}_ms_{stat}"] = s[f"{m}_ms_{stat}"]
     for name, values in (("itl_chunk", chunks["gap_ms"].to_numpy(float) if len(chunks) else []),
                          ("itl_token", gaps)):
-        arr = np.asarray(values, dtype=float)
         for stat, q in (("median", 50), ("p90", 90), ("p99", 99)):
-            row[f"{name}_ms_{stat}"] = float(np.percentile(arr, q)) if arr.size else math.nan
+            row[f"{name}_ms_{stat}"] = percentile(values, q)
     row["tokens_per_chunk"] = float(chunks["tokens"].mean()) if len(chunks) else math.nan
     row["output_throughput"] = s["output_throughput"]
     row["drafts"] = c.get("spec_decode_drafts", 0.0)
@@ -286,6 +247,12 @@ def speculation_economics(runs: pd.DataFrame, baseline: str = "baseline") -> pd.
         for c, kk in zip(comp.step_cost_ratio, comp.k)]
     return comp[["k", "acceptance_rate", "mean_accepted_length", "tokens_per_chunk",
                  "step_cost_ratio", "speedup", "break_even_acceptance", "tpot_change_pct"]]
+
+
+def load_warning(runs: pd.DataFrame, cores: int | None = None, factor: float = 2.0) -> str:
+    """`host.busy_runs_warning` for the run table (a run: arm/workload/concurrency)."""
+    return busy_runs_warning(runs, ("arm", "workload", "concurrency"), cores=cores,
+                             factor=factor)
 
 
 def tpot_samples(requests: pd.DataFrame | None, arm: str | None, workload: str,
@@ -433,22 +400,6 @@ def measure_workload(engine, arm: SpecArm, workload: str, concurrency: int, n: i
                                chunks=[len(token_chunks(r)) for r in run.records])
     return {"row": run_row(run, arm, workload, int(concurrency), chunks, per_pos, host_load()),
             "requests": frame, "chunks": chunks, "records": run.records}
-
-
-def load_warning(runs: pd.DataFrame, cores: int | None = None, factor: float = 2.0) -> str:
-    """A warning naming the runs that ended with the host's load average above
-    `factor` x cores (other processes competing for the CPU), or "" if none did."""
-    cores = cores or os.cpu_count() or 1
-    if runs.empty or "host_load_1m" not in runs:
-        return ""
-    busy = runs[runs.host_load_1m > factor * cores]
-    if busy.empty:
-        return ""
-    names = ", ".join(f"{r.arm}/{r.workload}/c{r.concurrency} ({r.host_load_1m:.1f})"
-                      for r in busy.itertuples())
-    return (f"host load average above {factor * cores:g} on {cores} cores during {len(busy)} of "
-            f"{len(runs)} runs: {names}. Their timings include other processes' work; the "
-            "counters (acceptance, drafts) do not depend on it.")
 
 
 def measure_arm(engine, arm: SpecArm, *, workloads: Sequence[str] = WORKLOADS, requests: int = 3,
