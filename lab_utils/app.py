@@ -71,6 +71,7 @@ from typing import Any, Literal
 
 from .server import OWNER_ENV, ServerError, VLLMServer, free_port  # noqa: F401 (OWNER_ENV: see AppServer)
 from .sse import pop_sse_blocks, pop_sse_data, sse_comment, sse_data, sse_event  # noqa: F401
+from .stream_timer import StreamTimer
 
 #: The article's connection-reuse settings.
 ARTICLE_LIMITS = {"max_connections": 100, "max_keepalive_connections": 20,
@@ -380,42 +381,35 @@ def create_app(settings: AppSettings):
                     shape: Literal["openai", "chat"]) -> AsyncIterator[bytes]:
         """Re-frame vLLM's stream to the client; see the module docstring."""
         stats.streams_started += 1
-        buffer = bytearray()
-        first = last = None
-        finished = False
-        finish_reason, usage = None, None
+        timer = StreamTimer(t_send)
+        finished, finish_reason, usage = False, None, None
+        out: list[bytes] = []
+
+        def reframe(data: str, chunk: dict) -> None:
+            nonlocal finish_reason, usage
+            choices = chunk.get("choices") or []
+            if shape == "openai":
+                out.append(sse_event(data))
+            elif "error" in chunk and not choices:
+                out.append(sse_event({"error": chunk["error"]}))
+            else:
+                usage = chunk.get("usage") or usage
+                for choice in choices:
+                    piece = (choice.get("delta") or {}).get("content")
+                    if piece:
+                        out.append(sse_event({"content": piece}))
+                    finish_reason = choice.get("finish_reason") or finish_reason
+
         try:
             try:
                 async for raw in response.aiter_raw():
-                    buffer += raw
-                    out = []
-                    for data in pop_sse_data(buffer):
-                        if data == "[DONE]":
-                            finished = progress["finished"] = True
-                            continue
-                        try:
-                            chunk = json.loads(data)
-                        except ValueError:
-                            stats.upstream_errors["bad_chunk"] += 1
-                            continue
-                        choices = chunk.get("choices") or []
-                        if choices:
-                            last = time.perf_counter()
-                            first = first or last
-                        if shape == "openai":
-                            out.append(sse_event(data))
-                            continue
-                        if "error" in chunk and not choices:
-                            out.append(sse_event({"error": chunk["error"]}))
-                            continue
-                        usage = chunk.get("usage") or usage
-                        for choice in choices:
-                            piece = (choice.get("delta") or {}).get("content")
-                            if piece:
-                                out.append(sse_event({"content": piece}))
-                            finish_reason = choice.get("finish_reason") or finish_reason
+                    bad = timer.bad_chunks
+                    timer.feed(raw, time.perf_counter(), each=reframe, strict=False)
+                    stats.upstream_errors["bad_chunk"] += timer.bad_chunks - bad
+                    progress["finished"] = finished = timer.done
                     if out:
                         yield b"".join(out)
+                        out.clear()
                 if not finished:
                     stats.upstream_errors["truncated"] += 1
                     yield sse_event(error_body(502, "the vLLM stream ended without [DONE]",
@@ -432,8 +426,7 @@ def create_app(settings: AppSettings):
             if shape == "chat" and finished:
                 yield sse_event({"finish_reason": finish_reason, "usage": usage})
             timing = {"app_to_upstream_s": t_send - t_in,
-                      "upstream_ttft_s": first - t_send if first else None,
-                      "upstream_e2e_s": last - t_send if last else None}
+                      "upstream_ttft_s": timer.ttft, "upstream_e2e_s": timer.e2e}
             yield sse_comment(f"{TIMING_COMMENT} {json.dumps(timing)}") + DONE
             stats.streams_completed += 1
         except BaseException:

@@ -18,8 +18,9 @@ error (a chunk with `error` and no choices), and the comment events
 chunk carries no token and moves no time; `[DONE]` ends the stream.
 
 `lab_utils.client.Client.send` (aiohttp), `lab_utils.timed_chat.timed_request`
-(aiohttp, with the app's timing) and `lab_utils.connection_trace.traced_stream`
-(httpx, with the connection set-up) all read their streams through it.
+(aiohttp, with the app's timing), `lab_utils.connection_trace.traced_stream`
+(httpx, with the connection set-up) and the app's relay (`lab_utils.app`, its
+view of the upstream request) all read their streams through it.
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ class StreamTimer:
         self.error = ""
         self.comments: list[str] = []         # events without data (SSE comments)
         self.done = False                     # "[DONE]" arrived
+        self.bad_chunks = 0                   # events that were not JSON (strict=False)
         self._buffer = bytearray()
 
     @property
@@ -91,12 +93,16 @@ class StreamTimer:
             self.cached_tokens = cached
 
     def feed(self, raw: bytes, now: float,
-             stop: Callable[[StreamTimer], bool] | None = None) -> bool:
+             stop: Callable[[StreamTimer], bool] | None = None, *,
+             each: Callable[[str, dict[str, Any]], None] | None = None,
+             strict: bool = True) -> bool:
         """Take one read of the body (`now`: its `perf_counter()` arrival).
         `stop(self)`, if given, is asked after every token chunk until the
         stream has a finish reason; when it says True the rest of the read is
-        dropped and True is returned (the caller hangs up). Raises on a chunk
-        that is not JSON."""
+        dropped and True is returned (the caller hangs up). `each(data,
+        chunk)`, if given, gets every JSON event first (its text and parsed
+        object: a relay re-frames them). A chunk that is not JSON raises, or
+        with `strict=False` is counted in `bad_chunks` and skipped."""
         self._buffer += raw
         for block in pop_sse_blocks(self._buffer):
             data = sse_data(block)
@@ -106,7 +112,15 @@ class StreamTimer:
             if data == "[DONE]":
                 self.done = True
                 continue
-            chunk: dict[str, Any] = json.loads(data)
+            try:
+                chunk: dict[str, Any] = json.loads(data)
+            except ValueError:
+                if strict:
+                    raise
+                self.bad_chunks += 1
+                continue
+            if each is not None:
+                each(data, chunk)
             choices = chunk.get("choices")
             if "error" in chunk and not choices:
                 self.error = f"stream error: {chunk['error']}"

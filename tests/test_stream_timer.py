@@ -109,3 +109,14 @@ def test_a_whole_body_is_one_chunk():
 def test_a_chunk_that_is_not_json_raises():
     with pytest.raises(json.JSONDecodeError):
         StreamTimer(start=0.0).feed(b"data: {not json\n\n", 0.1)
+
+
+def test_a_relay_sees_every_json_event_and_a_lenient_timer_skips_bad_ones():
+    seen = []
+    t = StreamTimer(start=0.0)
+    raw = (event(chat_chunk("a", 1)) + b"data: {oops\n\n" + event(USAGE)
+           + b"data: [DONE]\n\n")
+    t.feed(raw, 0.2, each=lambda data, chunk: seen.append(json.loads(data) == chunk),
+           strict=False)
+    assert seen == [True, True] and t.bad_chunks == 1 and t.done
+    assert t.times == [0.2] and t.output_tokens == 3
