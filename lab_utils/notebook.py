@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .arms import Arm, Plan
+from .device_text import setup_line
 from .errors import ServerError
 from .machine import summary_line
 from .paths import NOTEBOOKS_DIR, REPO_ROOT, notebooks
@@ -135,6 +136,12 @@ def injected_names(namespace: Mapping[str, Any]) -> set[str]:
         if isinstance(source, str) and source.lstrip().startswith(PAPERMILL_COMMENT + "\n"):
             names |= _assigned_names(source)
     return names
+
+
+def interactive(namespace: Mapping[str, Any]) -> bool:
+    """A notebook run by hand in IPython (Jupyter): its kernel has an input
+    history (`In`) and papermill injected no parameters into it."""
+    return isinstance(namespace.get("In"), list) and not injected_names(namespace)
 
 
 @dataclass
@@ -363,6 +370,8 @@ def setup(name: str, namespace: dict[str, Any],
         results_dir = (NOTEBOOKS_DIR / results_dir).resolve()
     results = Results(name, results_dir, profile.name)
     print(f"machine: {summary_line(results.data['environment']['machine'])}")
+    if interactive(namespace) and (line := setup_line(profile.device)):
+        print(line)
     results.data["parameters"] = params
     if from_profile.table:
         results.data["profile_parameters"] = from_profile.to_dict()

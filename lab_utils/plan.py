@@ -65,6 +65,8 @@ from .profiles import (
 
 #: The GPU a cuda profile is sized for when --gpu is not given.
 DEFAULT_GPU = "h100-80gb"
+#: The environment variable naming the GPU a cuda run is on (a devices.toml entry).
+GPU_ENV = "LAB_GPU"
 #: vLLM's own default share of GPU memory (CacheConfig.gpu_memory_utilization, vLLM 0.32).
 VLLM_DEFAULT_UTILIZATION = 0.92
 #: Co-resident engines' shares of one GPU may sum to this at most: vLLM
@@ -860,6 +862,36 @@ def check_all(profile: Profile, gpu: Device | None = None, only: Sequence[str] |
     return [check_notebook(p, profile, gpu, params, smoke) for p in paths]
 
 
+def named_gpu() -> str | None:
+    """The GPU `LAB_GPU` names, or None."""
+    return os.environ.get(GPU_ENV) or None
+
+
+def estimate_note(path: str | Path, profile: Profile, params: Mapping[str, Any] | None = None,
+                  gpu: str | None = None) -> str:
+    """This notebook's predicted effects on the GPU `gpu` (default: `LAB_GPU`)
+    as Markdown labelled as estimates, for the note that stands in for its CPU
+    reference runs (`lab_utils.device_text.for_device`); with no GPU named, or
+    on a remote target, the command that prints them. Empty when the checker
+    predicts nothing for this notebook's knobs."""
+    name = Path(path).stem
+    gpu = gpu or named_gpu()
+    if profile.device == "cuda" and gpu:
+        effects = check_notebook(Path(path), profile, device(gpu), params).effects
+        if not effects:
+            return ""
+        return (f"The first-principles estimate for {gpu} (`lab_utils.plan`: datasheet figures "
+                "and the model's geometry; estimates, not measurements):\n\n"
+                + "\n".join(f"- {e}" for e in effects))
+    sized = profile if profile.device == "cuda" else load_profile("gpu")
+    if not check_notebook(Path(path), sized, device(DEFAULT_GPU)).effects:
+        return ""
+    return ("First-principles estimates for a GPU (not measurements): "
+            f"`python -m lab_utils.plan --profile gpu --gpu {DEFAULT_GPU} --only {name[:2]}` "
+            f"prints them (set {GPU_ENV} to a GPU of `lab_utils/profiles/facts/devices.toml` "
+            "to have them here).")
+
+
 def report(profile_name: str, gpu_name: str | None = None, base_url: str = "",
            only: Sequence[str] | None = None, params: Mapping[str, Any] | None = None,
            folder: Path = NOTEBOOKS_DIR, smoke: bool = False, out=None) -> int:
@@ -917,11 +949,12 @@ def parse_parameters(pairs: Sequence[Sequence[str]]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["ACTIVATION_ALLOWANCE_BYTES", "DEFAULT_GPU", "Engine", "PlanCheck", "SHARE_LIMIT",
-           "async_scheduling", "build_engine", "check_all", "check_notebook", "check_plan",
-           "default_max_num_seqs", "engine_facts", "longest_request", "role_reference",
-           "memory_shares", "notebook_parameters", "predicted_effect", "report",
-           "speculative_method", "v2_model_runner"]
+__all__ = ["ACTIVATION_ALLOWANCE_BYTES", "DEFAULT_GPU", "Engine", "GPU_ENV", "PlanCheck",
+           "SHARE_LIMIT", "async_scheduling", "build_engine", "check_all", "check_notebook",
+           "check_plan", "default_max_num_seqs", "engine_facts", "estimate_note",
+           "longest_request", "role_reference", "memory_shares", "named_gpu",
+           "notebook_parameters", "predicted_effect", "report", "speculative_method",
+           "v2_model_runner"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,6 +10,8 @@ Each run folder holds the executed notebooks, `results/` (findings JSON and
 per-request JSONL), `logs/` (engine logs) and `index.md`/`index.html`;
 `runs/latest` points at the newest. A failing notebook is reported and the
 others still run; the exit status is 1 if any failed, 130 if interrupted.
+Off the cpu profile each notebook runs without its cells of CPU reference
+runs (`notebook_input`, `lab_utils.device_text`).
 """
 from __future__ import annotations
 
@@ -72,6 +74,35 @@ def kernel_config():
                   else {})
 
 
+def notebook_input(path: Path, profile, params: dict | None = None):
+    """What papermill executes for the notebook at `path` on `profile`: the
+    path itself on the cpu profile (the notebook as committed), else the
+    notebook for that device (`lab_utils.device_text.for_device`): its cells of
+    CPU reference runs replaced by a note, with the plan checker's estimates
+    for the GPU `LAB_GPU` names (or the command that prints them)."""
+    if profile.device == "cpu":
+        return str(path)
+    import nbformat
+
+    from .device_text import for_device
+    from .plan import estimate_note
+    nb = nbformat.read(str(path), as_version=4)
+    return for_device(nb, profile.device, note=estimate_note(path, profile, params))
+
+
+def _name_input(output: Path, path: Path) -> None:
+    """papermill records a NotebookNode input as the whole notebook in the
+    output's metadata (`papermill.input_path`): name the source file instead."""
+    try:
+        data = json.loads(output.read_text())
+    except (OSError, ValueError):
+        return
+    meta = data.get("metadata", {}).get("papermill", {})
+    if isinstance(meta.get("input_path"), dict):
+        meta["input_path"] = str(path)
+        output.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+
+
 def _point_latest(run_dir: Path) -> None:
     latest = run_dir.parent / "latest"
     tmp = run_dir.parent / ".latest.tmp"
@@ -91,12 +122,16 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
     value papermill injected, `lab_utils.notebook.apply_profile_parameters`)."""
     import papermill as pm
 
+    from .facts import device
     from .notebook import check_profile_parameters, profile_defaults
+    from .plan import named_gpu
     from .profiles import load_profile
 
     todo = notebooks(only, notebooks_dir)  # fail before making a run folder
     target = load_profile(profile, base_url=base_url)
     check_profile_parameters(target)
+    if target.device == "cuda" and named_gpu():
+        device(named_gpu())  # an unknown LAB_GPU fails here, naming the known ones
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(runs_dir) / stamp
     for sub in ("notebooks", "results", "logs"):
@@ -121,8 +156,9 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
         save_status()
         print(f"[{i}/{len(todo)}] {path.stem} ...", end=" ", flush=True)
         t0 = time.perf_counter()
+        output = run_dir / "notebooks" / path.name
         try:
-            pm.execute_notebook(str(path), str(run_dir / "notebooks" / path.name),
+            pm.execute_notebook(notebook_input(path, target, params), str(output),
                                 parameters=params, kernel_name="python3",
                                 cwd=str(notebooks_dir), progress_bar=False,
                                 report_mode=False, config=kernel_config())
@@ -133,6 +169,7 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
         except KeyboardInterrupt:
             entry["status"] = "interrupted"
             entry["seconds"] = round(time.perf_counter() - t0, 1)
+            _name_input(output, path)
             for rest in status["notebooks"][i:]:
                 rest["status"] = "not run (interrupted)"
             status["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
@@ -148,6 +185,7 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
                                   else traceback.format_exc())
                 code = 1
         entry["seconds"] = round(time.perf_counter() - t0, 1)
+        _name_input(output, path)
         leaks = _wait_for_no_orphans()
         if leaks:  # a notebook's engine outlived its kernel: report it, then clean up
             entry["status"] = "failed"

@@ -141,7 +141,7 @@ def passed(monkeypatch):
     calls = {}
     monkeypatch.setattr(papermill, "execute_notebook",
                         lambda src, dst, parameters, **kw: calls.setdefault(
-                            src.rsplit("/", 1)[-1][:-6], parameters))
+                            dst.rsplit("/", 1)[-1][:-6], parameters))
     monkeypatch.setattr(runall, "_wait_for_no_orphans", lambda *a, **k: [])
     return calls
 
