@@ -157,8 +157,10 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
         print(f"[{i}/{len(todo)}] {path.stem} ...", end=" ", flush=True)
         t0 = time.perf_counter()
         output = run_dir / "notebooks" / path.name
+        source = str(path)  # or, off the cpu profile, a notebook made for the device
         try:
-            pm.execute_notebook(notebook_input(path, target, params), str(output),
+            source = notebook_input(path, target, params)
+            pm.execute_notebook(source, str(output),
                                 parameters=params, kernel_name="python3",
                                 cwd=str(notebooks_dir), progress_bar=False,
                                 report_mode=False, config=kernel_config())
@@ -169,7 +171,8 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
         except KeyboardInterrupt:
             entry["status"] = "interrupted"
             entry["seconds"] = round(time.perf_counter() - t0, 1)
-            _name_input(output, path)
+            if not isinstance(source, str):
+                _name_input(output, path)
             for rest in status["notebooks"][i:]:
                 rest["status"] = "not run (interrupted)"
             status["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
@@ -185,7 +188,8 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
                                   else traceback.format_exc())
                 code = 1
         entry["seconds"] = round(time.perf_counter() - t0, 1)
-        _name_input(output, path)
+        if not isinstance(source, str):  # a notebook made for this device, not the file
+            _name_input(output, path)
         leaks = _wait_for_no_orphans()
         if leaks:  # a notebook's engine outlived its kernel: report it, then clean up
             entry["status"] = "failed"

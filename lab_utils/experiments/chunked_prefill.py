@@ -296,9 +296,14 @@ def arm_row(arm: ArmRun) -> dict[str, Any]:
             "server_prefill_ms_mean": ms(c.get("server_prefill_s_mean")),
             "prefix_cache_hits": c.get("prefix_cache_hits"),
             "host_load_1m": arm.host_load,
-            "waiting_max": percentile([arm.queue.get("waiting_max")], 100),
-            "waiting_mean": percentile([arm.queue.get("waiting_mean")], 100),
+            "waiting_max": _nan_if_none(arm.queue.get("waiting_max")),
+            "waiting_mean": _nan_if_none(arm.queue.get("waiting_mean")),
             **step_stats(arm.steps)}
+
+
+def _nan_if_none(value: float | None) -> float:
+    """A gauge summary's value for the table (None: no sample was taken)."""
+    return math.nan if value is None else float(value)
 
 
 def sweep_table(runs: Mapping[str, ArmRun]) -> pd.DataFrame:
