@@ -169,6 +169,7 @@ def probe_one(profile: Profile, c: Candidate, log_dir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     p = probe_profile(profile, c)
     pool = EnginePool(p, log_dir=log_dir / c.name)
+    pool.shared = False  # a probe starts its own engine: its start is what it measures
     try:
         flags = _flags(p, c)
         engine = pool.get("probe" if c.model else None, **flags)

@@ -278,7 +278,11 @@ class NotebookContext:
     def _start(self, role, env, flags, arm_name, knobs=None):
         engine = self.engines.get(role, env=env, knobs=knobs, **flags)
         engine.arm = arm_name
-        started = f", started in {engine.server.startup_s:.1f} s" if engine.server else ""
+        started = ""
+        if engine.server is not None and engine.server.startup_s is not None:
+            started = f", started in {engine.server.startup_s:.1f} s"
+        elif getattr(engine.server, "reused_from", None):
+            started = f", already running (started by {engine.server.reused_from}, shared by the run)"
         print(f"[{arm_name or engine.label}] {engine.command}{started}")
         for note in engine.remote_notes:
             print(f"  remote: {note}")

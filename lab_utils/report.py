@@ -90,21 +90,24 @@ def _machine_section(results: dict[str, dict]) -> list[str]:
 
 def engine_command(command: str) -> str:
     """An engine's command line without its port (a new one every start): the
-    engine's configuration."""
-    import re
-    return re.sub(r"--port \d+ ?", "", command).strip()
+    engine's configuration (`lab_utils.engine_share.config_key`)."""
+    from .engine_share import config_key
+    return config_key(command)
 
 
 def engine_budget(results: dict[str, dict], status: dict) -> dict[str, Any]:
     """How much of the run went into engine starts: starts recorded in the
     results, distinct configurations (command line without its port), their
-    start-up seconds against the notebooks' seconds, and what reusing an
-    identical engine across notebooks would save (every start of a
-    configuration after its first in another notebook)."""
-    starts = []
+    start-up seconds against the notebooks' seconds; engines the run's broker
+    lent a notebook already running (`lent`, no start of their own); and what
+    reusing an identical engine across notebooks would still save (every start
+    of a configuration after its first in another notebook)."""
+    starts, lent = [], 0
     for notebook, data in results.items():
         for e in data.get("engines", []):
-            if e.get("startup_s") is not None:
+            if (e.get("shared") or {}).get("reused_from"):
+                lent += 1
+            elif e.get("startup_s") is not None:
                 config = engine_command(e.get("command", ""))
                 starts.append((notebook, config, float(e["startup_s"])))
     first_in: dict[str, str] = {}
@@ -118,17 +121,20 @@ def engine_budget(results: dict[str, dict], status: dict) -> dict[str, Any]:
     start_s = sum(s for _, _, s in starts)
     return {"starts": len(starts), "configurations": len(first_in), "startup_s": start_s,
             "notebooks_s": run_s, "share": start_s / run_s if run_s else math.nan,
-            "reusable_starts": saved_n, "reusable_s": saved_s}
+            "lent": lent, "reusable_starts": saved_n, "reusable_s": saved_s}
 
 
 def _budget_line(results: dict[str, dict], status: dict) -> list[str]:
     b = engine_budget(results, status)
     if not b["starts"]:
         return []
+    lent = (f"; {b['lent']} more engines lent already running by the run's broker "
+            "(lab_utils.engine_share)" if b["lent"] else "")
     return ["", f"engine starts: {b['starts']} ({b['configurations']} distinct configurations), "
                 f"{b['startup_s']:,.0f} s of the notebooks' {b['notebooks_s']:,.0f} s "
-                f"({b['share']:.0%}); reusing identical engines across notebooks would save "
-                f"{b['reusable_starts']} starts, {b['reusable_s']:,.0f} s"]
+                f"({b['share']:.0%}){lent}; configurations started again in a later "
+                f"notebook (a new process on purpose, or not shared): {b['reusable_starts']} "
+                f"starts, {b['reusable_s']:,.0f} s"]
 
 
 def _load_section(results: dict[str, dict]) -> list[str]:

@@ -16,12 +16,14 @@ runs (`notebook_input`, `lab_utils.device_text`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
 import sys
 import time
 import traceback
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .paths import NOTEBOOKS_DIR, RUNS_DIR, notebooks
@@ -120,10 +122,8 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
     TOML), then with `smoke` its smoke parameters (`lab_utils.smoke`), then
     the explicit `parameters`, which always win (`lab.setup` keeps every
     value papermill injected, `lab_utils.notebook.apply_profile_parameters`)."""
-    import papermill as pm
-
     from .facts import device
-    from .notebook import check_profile_parameters, profile_defaults
+    from .notebook import check_profile_parameters
     from .plan import named_gpu
     from .profiles import load_profile
 
@@ -145,13 +145,79 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
         (run_dir / "status.json").write_text(json.dumps(status, indent=2))
         build_index(run_dir)
 
+    def params_for(path: Path) -> dict:
+        return run_params(target, path, smoke=smoke, results_dir=run_dir / "results",
+                          base_url=base_url, parameters=parameters, profile_name=profile)
+
     save_status()
     print(f"run folder: {run_dir}  ({len(todo)} notebooks, profile {profile})", flush=True)
+    with shared_engines(target, todo, params_for) as broker:
+        code = _run_each(todo, status, run_dir, target, params_for, save_status, notebooks_dir)
+        if broker is not None:
+            status["shared_engines"] = broker.describe()
+    if code == 130:
+        return code
+    status["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
+    save_status()
+    print(f"report: {run_dir / 'index.md'}", flush=True)
+    return code
+
+
+def run_params(target, path: Path, *, smoke: bool, results_dir, base_url: str = "",
+               parameters: dict | None = None, profile_name: str = "") -> dict:
+    """The papermill parameters of notebook `path` in a run on profile `target`
+    (`profile_name`: as the run was asked for it; the profile's name if empty)."""
+    from .notebook import profile_defaults
+    return {"profile": profile_name or target.name, "base_url": base_url,
+            "results_dir": str(Path(results_dir).resolve()),
+            **profile_defaults(target, path, smoke=smoke), **(parameters or {})}
+
+
+def planned_keys(paths: Sequence[Path], profile, params: Mapping[str, Mapping] | None = None,
+                 ) -> list[tuple[str, list[str]]]:
+    """Each notebook with the configuration keys its declared plan starts on
+    `profile` (`lab_utils.plan.check_notebook`), in run order. A notebook whose
+    plan cannot be derived ahead (it reads an earlier notebook's findings)
+    plans nothing: its engines start and stop as without a broker."""
+    from . import plan as checker
+    from .engine_lease import config_key
+    out = []
+    for path in paths:
+        keys: list[str] = []
+        with contextlib.suppress(Exception):
+            check = checker.check_notebook(Path(path), profile, None,
+                                           dict((params or {}).get(Path(path).stem, {})))
+            keys = [config_key(e.command) for e in check.engines]
+        out.append((Path(path).stem, keys))
+    return out
+
+
+@contextlib.contextmanager
+def shared_engines(target, todo: list[Path], params_for):
+    """The run's engine broker (`lab_utils.engine_share`) for local profiles,
+    its URL in LAB_ENGINE_SHARE for the kernels, with the demand the notebooks'
+    plans declare; None on a remote target, inside a run that has one already,
+    or with LAB_SHARE_ENGINES=0 (every notebook starts its own)."""
+    from . import engine_share
+    if (target.is_remote or engine_share.broker_url()
+            or os.environ.get("LAB_SHARE_ENGINES", "1") == "0"):
+        yield None
+        return
+    demand = planned_keys(todo, target, {p.stem: params_for(p) for p in todo})
+    with engine_share.Broker(demand) as broker:
+        os.environ[engine_share.SHARE_ENV] = broker.url
+        try:
+            yield broker
+        finally:
+            os.environ.pop(engine_share.SHARE_ENV, None)
+
+
+def _run_each(todo, status, run_dir, target, params_for, save_status, notebooks_dir) -> int:
+    """Each notebook in turn (papermill); 130 when interrupted, 1 if one failed."""
+    import papermill as pm
     code = 0
     for i, (path, entry) in enumerate(zip(todo, status["notebooks"]), 1):
-        params = {"profile": profile, "base_url": base_url,
-                  "results_dir": str((run_dir / "results").resolve()),
-                  **profile_defaults(target, path, smoke=smoke), **(parameters or {})}
+        params = params_for(path)
         entry["status"] = "running"
         save_status()
         print(f"[{i}/{len(todo)}] {path.stem} ...", end=" ", flush=True)
@@ -199,9 +265,6 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
         save_status()
         why = f": {entry['skipped'][:200]}" if entry.get("skipped") else ""
         print(f"{entry['status']} ({entry['seconds']} s){why}", flush=True)
-    status["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
-    save_status()
-    print(f"report: {run_dir / 'index.md'}", flush=True)
     return code
 
 

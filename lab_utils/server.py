@@ -29,11 +29,12 @@ from .arms import engine_key
 from .counters import cache_config
 # ServerError lives in .errors so that counters and http raise it without
 # importing this module; `from lab_utils.server import ServerError` still works.
+from .engine_lease import ServerView
 from .errors import ServerError
 from .host import group_processes
 from .http import http_get
 from .paths import REPO_ROOT
-from .profiles import ConfigError, Profile, display_command, engine_argv, flag_items
+from .profiles import ConfigError, Profile, engine_argv, flag_items
 
 _RUNNING: set[VLLMServer] = set()
 
@@ -108,7 +109,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-class VLLMServer:
+class VLLMServer(ServerView):
     """One `vllm serve` subprocess on 127.0.0.1, used as a context manager."""
 
     def __init__(self, argv: list[str], *, port: int, log_path: Path,
@@ -125,23 +126,8 @@ class VLLMServer:
         self.startup_s: float | None = None
 
     @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def command(self) -> str:
-        """Copy-pasteable `vllm serve ...` equivalent of the exact argv."""
-        return display_command(self.argv, self.env)
-
-    @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
 
     def start(self) -> VLLMServer:
         if self.alive:
@@ -280,7 +266,9 @@ class Engine:
 
     def describe(self) -> dict[str, Any]:
         """The engine for the results file; `binding` is the thread binding vLLM
-        applied, read from a local server's log (None when remote)."""
+        applied, read from a local server's log (None when remote); `shared`
+        when the run's broker lent it (`lab_utils.engine_share`)."""
+        from .engine_lease import DEV_MODE
         from .machine import parse_engine_binding
         binding = None
         if self.server is not None:
@@ -292,6 +280,9 @@ class Engine:
                 "startup_s": self.server.startup_s if self.server else None,
                 "log": str(self.server.log_path) if self.server else None,
                 "binding": binding,
+                **({"shared": {"reused_from": self.server.reused_from,
+                               "env_added": dict(DEV_MODE)}}
+                   if getattr(self.server, "broker_url", None) else {}),
                 **({"emulated": self.emulation.what} if self.emulation else {}),
                 **({"remote_notes": self.remote_notes} if self.remote_notes else {}),
                 **self.info}
@@ -320,6 +311,10 @@ class EnginePool:
         self.profile = profile
         self.log_dir = Path(log_dir)
         self.keep = max(1, int(keep))
+        #: In a run with a broker (`lab_utils.engine_share`), local engines come
+        #: from it, shared with the run's other notebooks; False: this pool
+        #: starts its own (a new process that has served nothing).
+        self.shared = True
         self._engines: dict[str, Engine] = {}
         self._starts = 0
         self._server_info = None
@@ -403,10 +398,17 @@ class EnginePool:
         digest = hashlib.sha1(" ".join(argv[4:]).encode()).hexdigest()[:8]
         self._starts += 1  # a fresh start with the same flags gets its own log
         log_path = self.log_dir / f"vllm-{self._starts:02d}-{digest}.log"
-        server = VLLMServer(argv, port=port, log_path=log_path, env=p.server_env(env),
-                            startup_timeout_s=p.startup_timeout_s,
-                            served_model_name=p.served_model_name)
-        server.start()
+        from . import engine_lease
+        if self.shared and engine_lease.broker_url():
+            server = engine_lease.acquire(argv, p.server_env(env), log_path,
+                                          notebook=self.log_dir.name,
+                                          startup_timeout_s=p.startup_timeout_s,
+                                          served_model_name=p.served_model_name)
+        else:
+            server = VLLMServer(argv, port=port, log_path=log_path, env=p.server_env(env),
+                                startup_timeout_s=p.startup_timeout_s,
+                                served_model_name=p.served_model_name)
+            server.start()
         name = p.served_model_name or model_path
         return Engine(p, dict(flags), server.base_url, name, model_path=model_path,
                       server=server, info={"cache_config": cache_config(server.base_url)})

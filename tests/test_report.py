@@ -144,6 +144,8 @@ def test_engine_budget_counts_starts_and_what_reuse_would_save():
                              {"command": other.format(42001), "startup_s": 21.0}]},
         "02_c": {"engines": [{"command": cmd.format(43000), "startup_s": 24.0},
                              {"command": None, "startup_s": None}]},   # remote: not started
+        "03_d": {"engines": [{"command": cmd.format(41000), "startup_s": None,  # lent: 00's
+                              "shared": {"reused_from": "00_a"}}]},
     }
     status = {"notebooks": [{"seconds": 100.0}, {"seconds": 150.0}, {"seconds": 50.0}]}
     b = engine_budget(results, status)
@@ -152,6 +154,7 @@ def test_engine_budget_counts_starts_and_what_reuse_would_save():
     assert (b["starts"], b["configurations"]) == (4, 2)
     assert b["startup_s"] == 87.0 and b["notebooks_s"] == 300.0 and b["share"] == 0.29
     assert (b["reusable_starts"], b["reusable_s"]) == (2, 46.0)
+    assert b["lent"] == 1  # 03's engine was 00's, still running: no start of its own
 
 
 def test_build_index_shows_the_load_placed_from_capacity(run_dir):

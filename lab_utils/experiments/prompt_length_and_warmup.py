@@ -138,7 +138,11 @@ def fresh_engine(ctx, arm: str):
     `["ready_at"]` (ISO text). None (noted) when the target cannot serve it."""
     ctx.engines.close()
     launched = _dt.datetime.now()
-    engine = ctx.arm(arm)
+    ctx.engines.shared = False  # never an engine the run's broker lends: it has served
+    try:
+        engine = ctx.arm(arm)
+    finally:
+        ctx.engines.shared = True
     if engine is not None:
         engine.info["launched_at"] = launched.isoformat(timespec="seconds")
         engine.info["ready_at"] = _dt.datetime.now().isoformat(timespec="seconds")
