@@ -91,36 +91,7 @@ def smoke_results(request):
     return Path(folder), ran
 
 
-_SHARE = {"stack": None}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
-    """The notebooks of this session share engines through one broker
-    (`lab_utils.engine_share`, as `runall` does): it starts before the first
-    notebook, with the demand their smoke plans declare, and stops after the
-    last, so no test outside the notebooks is lent an engine."""
-    import contextlib
-    notebook = str(item.fspath).endswith(".ipynb")
-    if notebook and _SHARE["stack"] is None and os.environ.get("LAB_SMOKE"):
-        from lab_utils.paths import NOTEBOOKS_DIR
-        from lab_utils.runall import run_params, shared_engines
-        target = load_profile("cpu")
-        todo = [NOTEBOOKS_DIR / f"{n}.ipynb" for n in item.config._lab_notebooks_collected]
-        results = os.environ.get("LAB_SMOKE_RESULTS", "")
-        stack = contextlib.ExitStack()
-        stack.enter_context(shared_engines(
-            target, todo, lambda p: run_params(target, p, smoke=True, results_dir=results)))
-        _SHARE["stack"] = stack
-    elif not notebook and _SHARE["stack"] is not None:
-        _SHARE["stack"].close()
-        _SHARE["stack"] = None
-
-
 def pytest_sessionfinish(session, exitstatus):
-    if _SHARE["stack"] is not None:
-        _SHARE["stack"].close()
-        _SHARE["stack"] = None
     deadline = time.monotonic() + 30  # kernels' servers stop on their parent's death
     while (leaks := orphan_servers()) and time.monotonic() < deadline:
         time.sleep(0.5)
