@@ -77,7 +77,8 @@ class SharedServer(ServerView):
 
     what = "vLLM"
 
-    def __init__(self, broker_url: str, argv: list[str], env: Mapping[str, str], lease: dict):
+    def __init__(self, broker_url: str, argv: list[str], env: Mapping[str, str], lease: dict,
+                 served_model_name: str = ""):
         self.broker_url = broker_url
         self.key = lease["key"]
         self.port, self.host = int(lease["port"]), lease["host"]
@@ -89,7 +90,7 @@ class SharedServer(ServerView):
         self.startup_s = None if self.reused else lease["startup_s"]
         self.reused_from = lease["first_notebook"] if self.reused else None
         self.proc: _Leader | None = _Leader(int(lease["pid"]))
-        self.served_model_name = ""
+        self.served_model_name = served_model_name
 
     @property
     def alive(self) -> bool:
@@ -140,6 +141,4 @@ def acquire(argv: list[str], env: Mapping[str, str], log_path: Path, *, notebook
                                     "startup_timeout_s": startup_timeout_s,
                                     "served_model_name": served_model_name},
                   timeout=startup_timeout_s + 120)
-    server = SharedServer(url, argv, env, lease)
-    server.served_model_name = served_model_name
-    return server
+    return SharedServer(url, argv, env, lease, served_model_name)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import queue
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -51,7 +50,6 @@ class _Shared:
     server: Any                     # VLLMServer
     notebook: str
     leased: bool = True
-    released_at: float = 0.0
     uses: list[str] = field(default_factory=list)
 
 
@@ -81,17 +79,15 @@ class Broker:
 
     # ---- lifecycle -------------------------------------------------------
     def start(self) -> Broker:
-        broker = self
+        calls = {"/acquire": self.acquire, "/release": self.release}
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                call = calls.get(self.path)
                 try:
-                    out = (broker.acquire(**body) if self.path == "/acquire"
-                           else broker.release(**body) if self.path == "/release"
-                           else {"error": f"no such call {self.path}"})
-                    status = 404 if "error" in out and self.path not in ("/acquire", "/release") \
-                        else 200
+                    out, status = ((call(**body), 200) if call else
+                                   ({"error": f"no such call {self.path}"}, 404))
                 except Exception as exc:  # the kernel raises it as a ServerError
                     out, status = {"error": str(exc)}, 500
                 data = json.dumps(out).encode()
@@ -179,7 +175,7 @@ class Broker:
             self._seen(notebook)
             for e in self._engines:  # notebooks run one at a time: an earlier one's
                 if e.leased and e.notebook != notebook:  # lease ended with its kernel
-                    e.leased, e.released_at = False, time.monotonic()
+                    e.leased = False
         self._trim()  # idle engines no notebook from this one on plans
         with self._lock:
             idle = next((e for e in self._engines if e.key == key and not e.leased), None)
@@ -218,7 +214,7 @@ class Broker:
                 return {"kept": False}
             keep = e.server.alive and self._next_use(key) is not None and self.keep_idle > 0
             if keep:
-                e.leased, e.released_at = False, time.monotonic()
+                e.leased = False
             else:
                 self._engines.remove(e)
         if not keep:
