@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import nbformat
+if TYPE_CHECKING:
+    import nbformat
 
 TAG_PREFIX = "reference-"
 #: What each reference device was, for the note.
@@ -57,6 +58,8 @@ def for_device(nb: nbformat.NotebookNode, device: str, note: str = "") -> nbform
     (`left_out_text`; same cell id, tag `left-out-reference`); `note` (e.g.
     `lab_utils.plan.estimate_note`) is appended to the last of them. A notebook with no
     such cell comes back equal to `nb`."""
+    import nbformat  # here: its schema validator takes ~2 s to import, and every
+    # kernel imports this module (lab.setup) while only runs off the CPU need it
     out = copy.deepcopy(nb)
     left_out = [i for i, c in enumerate(out.cells)
                 if reference_devices(c) and device not in reference_devices(c)]

@@ -533,18 +533,15 @@ def h2_open_stream(app: AppServer, body: dict, events: int = 2):
 # --------------------------------------------------------------------------
 
 @pytest.mark.engine
-def test_hang_up_aborts_the_generation_on_a_real_engine(tmp_path_factory):
+def test_hang_up_aborts_the_generation_on_a_real_engine(default_engine, tmp_path):
     """Through the app, a client reads a few tokens of a 512-token answer and
     hangs up: vLLM stops running the request at once and generates no more."""
-    import lab_utils as lab
     from lab_utils.experiments.streaming import disconnect_aborts
 
-    logs = tmp_path_factory.mktemp("engine-logs")
-    with lab.EnginePool(lab.load_profile("cpu"), log_dir=logs) as pool:
-        engine = pool.get()
-        with AppServer.for_engine(engine, log_dir=logs) as app:
-            started = {app.proc.pid, engine.server.proc.pid}
-            cut, timeline = disconnect_aborts(engine, app, max_tokens=512, read_tokens=5)
+    engine = default_engine
+    with AppServer.for_engine(engine, log_dir=tmp_path) as app:
+        started = {app.proc.pid}
+        cut, timeline = disconnect_aborts(engine, app, max_tokens=512, read_tokens=5)
     assert cut["pieces_read_before_hang_up"] >= 5
     assert cut["running_before_hang_up"] == 1, "the request was not running while streamed"
     assert timeline.running.max() == 1
@@ -552,8 +549,9 @@ def test_hang_up_aborts_the_generation_on_a_real_engine(tmp_path_factory):
     assert cut["generated_tokens"] < 100, cut
     assert cut["vllm_requests_finished"] == 0, "the request finished instead of being aborted"
     assert cut["app_client_disconnects"] == 1 and cut["app_upstream_aborted"] == 1
-    # Only this test's engine and app: the module's app fixture is still serving.
+    # This test's app is gone (the module's app fixture and the session's engine still serve).
     assert [p for p in lab_server_processes(owner=os.getpid()) if p[0] in started] == []
+    assert engine.server.alive
 
 
 def test_app_for_starts_one_app_per_engine_and_settings(monkeypatch):

@@ -211,24 +211,60 @@ OUTPUT_FIGURE = """const imgs = [...arguments[0].querySelectorAll('.widget-outpu
 return imgs.map(i => i.getBoundingClientRect().width)"""
 
 
+# JupyterLab asks "Select Kernel" when the notebook's session starts slowly (a busy
+# machine) and holds Run All behind that dialog; a user accepts the kernel it offers.
+KERNEL_DIALOG = """return [...document.querySelectorAll('.jp-Dialog')]
+  .filter(d => d.textContent.includes('Select Kernel'))
+  .map(d => d.querySelector('.jp-Dialog-button.jp-mod-accept')).filter(b => b)"""
+CELLS_RAN = """return [...document.querySelectorAll('.jp-Notebook .jp-InputArea-prompt')]
+  .some(p => /\\[[0-9*]+\\]/.test(p.textContent))"""
+RUN_ALL_STARTS_S = 60  # Run All that executed no cell by then is pressed again
+
+
+def accept_kernel_dialog(driver) -> bool:
+    """Accept JupyterLab's "Select Kernel" dialog if it is shown; whether it was."""
+    buttons = driver.execute_script(KERNEL_DIALOG)
+    for button in buttons:
+        button.click()
+    return bool(buttons)
+
+
 def run_all_cells(driver, lab) -> object:
-    """Run > Run All Cells, as a user does; the Explore cell once it shows its widgets."""
+    """Run > Run All Cells, as a user does; the Explore cell once it shows its widgets.
+    A "Select Kernel" dialog is answered with the kernel it offers, and Run All is
+    pressed again if no cell started (the dialog swallowed it)."""
     from selenium.webdriver.common.by import By
 
-    wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, ".jp-Notebook-ExecutionIndicator"
-                                                           "[data-status='idle']"),
-             120, "the notebook's kernel to be idle")
-    menu = next(e for e in driver.find_elements(By.CSS_SELECTOR, ".lm-MenuBar-itemLabel")
-                if e.text == "Run")
-    menu.click()
-    item = wait_for(lambda: [e for e in driver.find_elements(By.CSS_SELECTOR, ".lm-Menu-itemLabel")
-                             if e.text == "Run All Cells"], 10, "the Run All Cells menu item")
-    item[0].click()
+    def idle():
+        accept_kernel_dialog(driver)
+        return driver.find_elements(By.CSS_SELECTOR,
+                                    ".jp-Notebook-ExecutionIndicator[data-status='idle']")
+
+    def press_run_all():
+        wait_for(idle, 120, "the notebook's kernel to be idle")
+        menu = next(e for e in driver.find_elements(By.CSS_SELECTOR, ".lm-MenuBar-itemLabel")
+                    if e.text == "Run")
+        menu.click()
+        item = wait_for(lambda: [e for e in driver.find_elements(By.CSS_SELECTOR,
+                                                                 ".lm-Menu-itemLabel")
+                                 if e.text == "Run All Cells"],
+                        10, "the Run All Cells menu item")
+        item[0].click()
+        return time.monotonic()
+
+    pressed = [press_run_all()]
 
     def explore_cell():
         lab.note_processes()
         if errors := driver.execute_script(CELL_ERRORS):
             raise AssertionError(f"a cell of {NOTEBOOK} failed:\n{errors[0][-3000:]}")
+        dialog = accept_kernel_dialog(driver)
+        if not driver.execute_script(CELLS_RAN) and (
+                dialog or time.monotonic() - pressed[-1] > RUN_ALL_STARTS_S):
+            if len(pressed) >= 3:
+                raise AssertionError(f"Run All Cells ran no cell of {NOTEBOOK}, pressed "
+                                     f"{len(pressed)} times")
+            pressed.append(press_run_all())
         return driver.execute_script(LAST_CELL_WIDGET)
     return wait_for(explore_cell, RUN_ALL_TIMEOUT_S, f"{NOTEBOOK}'s Explore widgets", poll_s=2)
 

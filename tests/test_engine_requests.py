@@ -1,30 +1,17 @@
-"""Requests against one real vLLM CPU engine shared by this module (marked `engine`)."""
+"""Requests against one real vLLM CPU engine, the session's `default_engine`
+(tests/conftest.py; marked `engine`)."""
 from __future__ import annotations
-
-import os
 
 import pytest
 
 import lab_utils as lab
-from lab_utils.server import lab_server_processes
 
 pytestmark = pytest.mark.engine
 
 
-def _mine() -> list:
-    return lab_server_processes(owner=os.getpid())
-
-
-@pytest.fixture(scope="module")
-def profile():
-    return lab.load_profile("cpu")
-
-
-@pytest.fixture(scope="module")
-def engine(profile, tmp_path_factory):
-    with lab.EnginePool(profile, log_dir=tmp_path_factory.mktemp("logs")) as pool:
-        yield pool.get()
-    assert _mine() == [], "the shared engine left processes behind"
+@pytest.fixture
+def engine(default_engine):
+    return default_engine
 
 
 def test_streamed_chat_request_times_and_counts(engine):
