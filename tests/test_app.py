@@ -1,8 +1,8 @@
 """The streaming app (`lab_utils.app`) against a fake upstream: SSE framing,
 OpenAI-SDK compatibility, disconnects that abort the upstream work, bad input
 and upstream failures, the shared upstream pool, the subprocess life cycle,
-and HTTPS + HTTP/2. One engine-marked test checks on a real vLLM engine that a
-hang-up aborts the generation."""
+and HTTPS + HTTP/2. That a hang-up aborts the generation on a real vLLM engine
+is checked in tests/test_engine_requests.py, on that module's engine."""
 from __future__ import annotations
 
 import asyncio
@@ -526,32 +526,6 @@ def h2_open_stream(app: AppServer, body: dict, events: int = 2):
                 conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
         sock.sendall(conn.data_to_send())
     return sock, conn, got
-
-
-# --------------------------------------------------------------------------
-# On a real engine
-# --------------------------------------------------------------------------
-
-@pytest.mark.engine
-def test_hang_up_aborts_the_generation_on_a_real_engine(default_engine, tmp_path):
-    """Through the app, a client reads a few tokens of a 512-token answer and
-    hangs up: vLLM stops running the request at once and generates no more."""
-    from lab_utils.experiments.streaming import disconnect_aborts
-
-    engine = default_engine
-    with AppServer.for_engine(engine, log_dir=tmp_path) as app:
-        started = {app.proc.pid}
-        cut, timeline = disconnect_aborts(engine, app, max_tokens=512, read_tokens=5)
-    assert cut["pieces_read_before_hang_up"] >= 5
-    assert cut["running_before_hang_up"] == 1, "the request was not running while streamed"
-    assert timeline.running.max() == 1
-    assert cut["running_zero_after_ms"] is not None and cut["running_zero_after_ms"] < 3000
-    assert cut["generated_tokens"] < 100, cut
-    assert cut["vllm_requests_finished"] == 0, "the request finished instead of being aborted"
-    assert cut["app_client_disconnects"] == 1 and cut["app_upstream_aborted"] == 1
-    # This test's app is gone (the module's app fixture and the session's engine still serve).
-    assert [p for p in lab_server_processes(owner=os.getpid()) if p[0] in started] == []
-    assert engine.server.alive
 
 
 def test_app_for_starts_one_app_per_engine_and_settings(monkeypatch):

