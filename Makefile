@@ -63,14 +63,16 @@ setup: model browser
 run: setup
 	$(PY) -m lab_utils.runall --profile $(PROFILE)
 
-# Unit + engine integration tests, then every notebook under nbval (lax: outputs
+# Unit + engine integration tests and every notebook under nbval (lax: outputs
 # are not compared) with its smoke parameters (notebooks/smoke_parameters.toml),
-# then tests/test_notebook_findings.py reads what each notebook recorded.
+# then tests/test_notebook_findings.py reads what each notebook recorded. Two
+# pytest processes run side by side (tests/streams.py: an engine start keeps
+# one of two cores busy); LAB_TEST_STREAMS=1 runs everything in one.
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=900
 SMOKE_RESULTS := $(CURDIR)/runs/smoke/results
 test: setup
 	rm -rf $(SMOKE_RESULTS)
-	LAB_SMOKE=1 LAB_SMOKE_RESULTS=$(SMOKE_RESULTS) $(PY) -m pytest tests notebooks $(NBVAL) $(PYTEST_ARGS)
+	LAB_SMOKE=1 LAB_SMOKE_RESULTS=$(SMOKE_RESULTS) $(PY) tests/streams.py $(NBVAL) $(PYTEST_ARGS)
 
 unit: setup
 	$(PY) -m pytest tests -m "not engine and not findings" $(PYTEST_ARGS)

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .paths import cache_dir
+from .paths import cache_dir, locked, write_atomic
 from .profiles import ConfigError, Profile, load_profile
 
 #: The question every candidate answers greedily, and what the answer must contain.
@@ -120,11 +120,9 @@ def load_cache(path: Path) -> dict[str, dict]:
 
 def save_cache(path: Path, results: Mapping[str, dict]) -> None:
     from .machine import machine_info, summary_line
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"machine": summary_line(machine_info()),
-                               "results": dict(results)}, indent=2))
-    tmp.replace(path)  # a probe interrupted mid-write keeps the previous file
+    # a probe interrupted mid-write keeps the previous file
+    write_atomic(path, json.dumps({"machine": summary_line(machine_info()),
+                                   "results": dict(results)}, indent=2))
 
 
 # --------------------------------------------------------------------------
@@ -289,11 +287,16 @@ def probe(profile: Profile | str = "cpu", names: Sequence[str] | None = None, *,
     todo = [n for n in names if refresh or n not in results]
     if todo:
         from tqdm.auto import tqdm
-        bar = tqdm(todo, desc="probing what this vLLM build runs", disable=not progress)
-        for n in bar:
-            bar.set_postfix_str(n)
-            results[n] = probe_one(profile, CANDIDATES[n], path.parent / "logs")
-            save_cache(path, results)  # after each: an interrupted probe keeps the others
+        # One prober per machine at a time (`make test` runs two pytest processes):
+        # a process that waited reads what the other one probed instead of probing again.
+        with locked(path):
+            results = load_cache(path)
+            todo = [n for n in names if refresh or n not in results]
+            bar = tqdm(todo, desc="probing what this vLLM build runs", disable=not progress)
+            for n in bar:
+                bar.set_postfix_str(n)
+                results[n] = probe_one(profile, CANDIDATES[n], path.parent / "logs")
+                save_cache(path, results)  # after each: an interrupted probe keeps the others
     return Capabilities({n: results[n] for n in results}, "cpu", summary_line(machine_info()))
 
 

@@ -152,12 +152,11 @@ def measure_capacity(engine, make_specs: Callable[[int, int], Sequence[RequestSp
                    concurrency=concurrency, requests=n, seconds=time.perf_counter() - t0,
                    workload=workload, engine=engine.label)
     if path is not None:
-        stored = _load_cache(path)
-        stored[key] = asdict(cap)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(stored, indent=1))
-        tmp.replace(path)
+        from .paths import locked, write_atomic
+        with locked(path):  # another process may add its own engines' capacities
+            stored = _load_cache(path)
+            stored[key] = asdict(cap)
+            write_atomic(path, json.dumps(stored, indent=1))
     _record(results, cap, cached=False)
     return cap
 

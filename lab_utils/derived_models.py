@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .paths import cache_dir
+from .paths import cache_dir, partial_dir, publish_dir
 
 MARKER = "lab_derived.json"
 WEIGHTS = "model.safetensors"
@@ -119,9 +119,7 @@ def build_truncated(source: Path, target: Path, num_layers: int) -> Path:
     config = json.loads((source / "config.json").read_text())
     new_config = truncated_config(config, num_layers)
     keep = kept_layers(num_layers, int(config["num_hidden_layers"]))
-    tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = partial_dir(target)
     try:
         tensors = {}
         with safe_open(str(source / WEIGHTS), framework="pt") as f:
@@ -151,15 +149,7 @@ def build_truncated(source: Path, target: Path, num_layers: int) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if target.exists():  # a stale or half-built folder from an older version
-        shutil.rmtree(target)
-    try:
-        tmp.rename(target)
-    except OSError:  # another process finished the same build first
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not is_ready(target, num_layers):
-            raise
-    return target
+    return publish_dir(tmp, target, lambda t: is_ready(t, num_layers))
 
 
 def truncated_model(num_layers: int, *, source: Path | None = None, force: bool = False) -> Path:

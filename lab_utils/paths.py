@@ -1,6 +1,7 @@
 """Where the lab keeps things: the repository, the cache outside git, results."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -26,3 +27,62 @@ def notebooks(only: list[str] | None = None, folder: Path = NOTEBOOKS_DIR) -> li
     if not found:
         raise SystemExit(f"no notebook in {folder} matches {only or '[0-9]*.ipynb'}")
     return found
+
+
+# --------------------------------------------------------------------------
+# Files that several processes write: `make test` runs two pytest processes at
+# once (tests/streams.py), and either may probe, measure or build first.
+# --------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """Hold an exclusive lock beside `path` (`<path>.lock`, flock) while the
+    block runs: a read-modify-write of a file other processes also update."""
+    import fcntl
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write `text` to `path` through a temporary file of this process, renamed
+    over it: readers see the old file or the new one, never half of one, and
+    two writers never move each other's temporary file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
+
+
+def publish_dir(tmp: Path, target: Path, ready) -> Path:
+    """Move a folder built in `tmp` to `target`, replacing what is there (a
+    stale or half-built folder, or the one a rebuild replaces); if another
+    process publishes between the two steps, keep its folder when
+    `ready(target)` and drop ours. A build writes into `partial_dir(target)`
+    and ends with this."""
+    import shutil
+    if target.exists():
+        shutil.rmtree(target, ignore_errors=True)
+    try:
+        tmp.rename(target)
+    except OSError:  # another process finished the same build first
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not ready(target):
+            raise
+    return target
+
+
+def partial_dir(target: Path) -> Path:
+    """A fresh folder beside `target` that only this process builds into."""
+    import shutil
+    tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp

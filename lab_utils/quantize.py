@@ -41,7 +41,7 @@ from pathlib import Path
 
 from .model import MARKER as SOURCE_MARKER
 from .model import MODEL_NAME, ModelError, ensure_embedded_model, file_digest
-from .paths import cache_dir
+from .paths import cache_dir, partial_dir, publish_dir
 
 #: Marker written last into a finished checkpoint folder.
 MARKER = "lab_quantized.json"
@@ -334,7 +334,7 @@ def is_ready(name: str, model_dir: Path | None = None, source: Path | None = Non
 def build(name: str, *, source: Path | None = None, model_dir: Path | None = None,
           progress: bool = True) -> Path:
     """Quantize the embedded model with recipe `name` into `model_dir`
-    (through a `.partial` folder renamed at the end). Returns the folder."""
+    (through a `.partial-<pid>` folder renamed at the end). Returns the folder."""
     import safetensors.torch
     import torch
     from tqdm.auto import tqdm
@@ -342,9 +342,7 @@ def build(name: str, *, source: Path | None = None, model_dir: Path | None = Non
     r = recipe(name)
     source = Path(source or ensure_embedded_model())
     model_dir = Path(model_dir or quantized_model_dir(name))
-    tmp = model_dir.with_name(model_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = partial_dir(model_dir)
     t0 = time.perf_counter()
     try:
         state = safetensors.torch.load_file(str(source / "model.safetensors"))
@@ -398,9 +396,7 @@ def build(name: str, *, source: Path | None = None, model_dir: Path | None = Non
                             f"({type(exc).__name__}: {exc}); check that {model_dir.parent} "
                             f"is writable, then run `python -m lab_utils.quantize {name} "
                             "--force`") from exc
-    shutil.rmtree(model_dir, ignore_errors=True)
-    tmp.rename(model_dir)
-    return model_dir
+    return publish_dir(tmp, model_dir, lambda d: is_ready(name, d, source))
 
 
 def ensure_quantized_model(name: str, *, progress: bool = True) -> Path:

@@ -101,7 +101,7 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+def die_with_parent() -> None:  # pragma: no cover - runs in the child
     """Runs in the child before exec: new process group, and SIGTERM when the
     process that started it dies (so even a killed kernel leaves no server)."""
     os.setsid()
@@ -144,7 +144,7 @@ class VLLMServer(ServerView):
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=die_with_parent)
         log.close()
         _RUNNING.add(self)
         try:

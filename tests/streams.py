@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""`make test` as two pytest processes side by side.
+
+An engine start on the `cpu` profile is three processes importing vLLM and
+torch one after another: about 35 s of one busy core while the other idles
+(a smoke run of 04_speculative_decoding, three engine starts, kept a 2-core
+machine 66% busy over its 152 s; mostly 50% during starts, 100% while
+measuring). `make test` starts ~30 engines, so it runs two streams at once:
+
+- **notebooks**: every notebook except `SECOND`'s, then the findings tests
+  (tests/test_notebook_findings.py) for them;
+- **tests**: `SECOND`'s notebooks, then `tests/` (the findings tests for those
+  notebooks last, as tests/conftest.py orders them).
+
+Each stream is one pytest session with its own engine broker
+(notebooks/conftest.py), so an engine is lent only within a stream: `SECOND`
+holds notebooks that plan no engine another notebook plans
+(tests/test_streams.py checks it against `runall.planned_keys`). They run
+before `tests/` so that 12_checklist, late in the other stream, finds their
+results. Measurements of the two streams share the cores; the tests assert
+mechanisms, never latencies (`make run` runs one notebook at a time).
+
+Each line a stream prints is shown prefixed with its name as soon as it is
+complete (a pytest line per file: per notebook, one line when it ends). The
+exit status is the first failing stream's (a stream that collected nothing,
+e.g. under `-k`, does not fail the run). Ctrl-C stops both cleanly; if this
+process is killed, the streams get SIGTERM.
+
+    python tests/streams.py [pytest args]      # make test passes nbval's and PYTEST_ARGS
+    LAB_TEST_STREAMS=1 make test               # one pytest process, everything in order
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from lab_utils.paths import NOTEBOOKS_DIR, notebooks  # noqa: E402
+from lab_utils.server import die_with_parent  # noqa: E402
+
+#: Notebooks run in the `tests` stream: together about as long as the tests
+#: they precede, so that both streams end near the same time (smoke run on a
+#: 2-core Zen 4 guest, 2026-12-02: notebooks 06 104 s, 09 182 s, 13 150 s,
+#: `tests/` 824 s; the other eleven notebooks 1,340 s).
+SECOND = ("06_fp8_kv_cache", "09_priority_scheduling", "13_replica_routing")
+FINDINGS = "tests/test_notebook_findings.py"
+NO_TESTS = 5  # pytest's exit status when nothing was collected
+
+
+def streams(folder: Path = NOTEBOOKS_DIR) -> dict[str, list[str]]:
+    """Each stream's pytest paths, relative to the repository."""
+    found = [p for p in notebooks(folder=folder)]
+    rel = [str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in found]
+    second = [r for r, p in zip(rel, found) if p.stem in SECOND]
+    first = [r for r, p in zip(rel, found) if p.stem not in SECOND]
+    return {"notebooks": first + [FINDINGS], "tests": second + ["tests"]}
+
+
+def exit_status(codes: list[int]) -> int:
+    """The run's status: the first failing stream's; a stream that collected
+    nothing does not fail the run unless no stream collected anything."""
+    failing = [c for c in codes if c not in (0, NO_TESTS)]
+    if failing:
+        return failing[0]
+    return NO_TESTS if codes and all(c == NO_TESTS for c in codes) else 0
+
+
+def _pump(name: str, proc: subprocess.Popen, lock: threading.Lock) -> None:
+    for line in proc.stdout:
+        with lock:
+            sys.stdout.write(f"[{name}] {line}")
+            sys.stdout.flush()
+
+
+def main(args: list[str], plan: dict[str, list[str]] | None = None) -> int:
+    """Run the streams (`plan`: name -> pytest paths; default `streams()`)."""
+    if os.environ.get("LAB_TEST_STREAMS") == "1":
+        return subprocess.call([sys.executable, "-m", "pytest", "tests", "notebooks", *args],
+                               cwd=REPO)
+    lock = threading.Lock()
+    procs: dict[str, subprocess.Popen] = {}
+    pumps = []
+    t0 = time.monotonic()
+    ended: dict[str, float] = {}
+    try:
+        for name, paths in (plan or streams()).items():
+            print(f"[{name}] pytest {' '.join(paths)}", flush=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-u", "-m", "pytest", *paths, *args], cwd=REPO,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent)
+            procs[name] = proc
+            pumps.append(threading.Thread(target=_pump, args=(name, proc, lock), daemon=True))
+            pumps[-1].start()
+        while len(ended) < len(procs):
+            for name, proc in procs.items():
+                if name not in ended and proc.poll() is not None:
+                    ended[name] = time.monotonic() - t0
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        # the streams run in sessions of their own: the terminal's Ctrl-C reached
+        # only this process. One SIGINT each lets pytest stop its kernels and engines.
+        print("\ninterrupted: stopping both streams", flush=True)
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        return 130
+    finally:
+        for proc in procs.values():  # SIGTERM, or this process failed: no stream outlives it
+            if proc.poll() is None:
+                proc.terminate()
+        for t in pumps:
+            t.join(timeout=5)
+    codes = [proc.returncode for proc in procs.values()]
+    for (name, proc) in procs.items():
+        print(f"stream {name}: exit status {proc.returncode} after {ended[name]:.0f} s", flush=True)
+    return exit_status(codes)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sys.exit(main(sys.argv[1:]))

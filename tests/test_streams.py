@@ -1,0 +1,56 @@
+"""`make test`'s two streams (tests/streams.py): every notebook runs in exactly
+one, the second stream's notebooks plan no engine the first could have lent
+them, and the driver shows both streams' lines and fails when either fails."""
+from __future__ import annotations
+
+import pytest
+import streams
+
+from lab_utils.paths import NOTEBOOKS_DIR
+from lab_utils.profiles import load_profile
+from lab_utils.runall import planned_keys, run_params
+
+
+def test_every_notebook_runs_in_exactly_one_stream():
+    on_disk = sorted(p.name for p in NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
+    assert set(streams.SECOND) <= {n.removesuffix(".ipynb") for n in on_disk}, \
+        "a name in streams.SECOND is not a notebook"
+    listed = [p.rsplit("/", 1)[-1] for paths in streams.streams().values()
+              for p in paths if p.endswith(".ipynb")]
+    assert sorted(listed) == on_disk
+    assert "tests" in streams.streams()["tests"]
+    assert streams.FINDINGS in streams.streams()["notebooks"]
+
+
+def test_the_second_streams_notebooks_plan_no_engine_the_first_stream_starts(tmp_path):
+    cpu = load_profile("cpu")
+    paths = sorted(NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
+    demand = dict(planned_keys(paths, cpu, {p.stem: run_params(cpu, p, smoke=True,
+                                                               results_dir=str(tmp_path))
+                                            for p in paths}))
+    first = {k for name, keys in demand.items() if name not in streams.SECOND for k in keys}
+    for name in streams.SECOND:
+        assert demand[name], f"{name}: no plan derived, so nothing can be checked"
+        shared = set(demand[name]) & first
+        assert not shared, (f"{name} plans an engine a notebook of the other stream starts "
+                            f"too (it would be started twice): {sorted(shared)}")
+
+
+@pytest.mark.parametrize("codes, status", [
+    ([0, 0], 0), ([1, 0], 1), ([0, 2], 2), ([5, 0], 0), ([0, 5], 0), ([5, 5], 5),
+    ([5, 1], 1), ([130, 1], 130),
+])
+def test_exit_status(codes, status):
+    assert streams.exit_status(codes) == status
+
+
+def test_the_driver_shows_both_streams_and_fails_when_one_fails(tmp_path, capfd):
+    (tmp_path / "test_good.py").write_text("def test_ok():\n    assert True\n")
+    (tmp_path / "test_bad.py").write_text("def test_no():\n    assert 1 == 2\n")
+    plan = {"one": [str(tmp_path / "test_good.py")], "two": [str(tmp_path / "test_bad.py")]}
+    status = streams.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
+                          plan=plan)
+    out = capfd.readouterr().out
+    assert status == 1
+    assert "[one] 1 passed" in out and "[two] 1 failed" in out, out
+    assert "stream two: exit status 1" in out and "stream one: exit status 0" in out
