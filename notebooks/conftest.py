@@ -1,8 +1,10 @@
 """The notebooks under nbval (`make test`) share engines through one broker
 (`lab_utils.engine_share`), as in `runall`: it starts before the first notebook
-runs, with the demand the collected notebooks' smoke plans declare, and its
-engines stop when the session ends. Tests outside this folder are never lent
-one (this file's hooks run for the notebooks only)."""
+runs, with the demand the collected notebooks' smoke plans declare, and it
+stops, with its engines and its URL in LAB_ENGINE_SHARE, after the last
+notebook: tests that run after the notebooks in the same session (the second
+stream of tests/streams.py) are never lent an engine, nor are the JupyterLab
+or papermill kernels they start."""
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +25,7 @@ def pytest_runtest_setup(item):
     from lab_utils.runall import run_params, shared_engines
     target = load_profile("cpu")
     todo = sorted({NOTEBOOKS_DIR / Path(str(i.fspath)).name for i in item.session.items
-                   if str(i.fspath).endswith(".ipynb")})
+                   if _is_notebook(i)})
     results = os.environ.get("LAB_SMOKE_RESULTS", "")
     stack = contextlib.ExitStack()
     stack.enter_context(shared_engines(
@@ -31,7 +33,21 @@ def pytest_runtest_setup(item):
     _SHARE["stack"] = stack
 
 
+def _is_notebook(item) -> bool:
+    return item is not None and str(item.fspath).endswith(".ipynb")
+
+
+@pytest.hookimpl(trylast=True)  # after nbval has shut the notebook's kernel down
+def pytest_runtest_teardown(item, nextitem):
+    if not _is_notebook(nextitem):
+        _close()
+
+
 def pytest_sessionfinish(session, exitstatus):
+    _close()
+
+
+def _close() -> None:
     if _SHARE["stack"] is not None:
         _SHARE["stack"].close()
         _SHARE["stack"] = None
