@@ -37,15 +37,19 @@ CONFIGS = {
     "all+tcmalloc": dict(bind="all", tcmalloc=True),
     "all+iomp": dict(bind="all", iomp=True),
     "all+tcmalloc+iomp": dict(bind="all", tcmalloc=True, iomp=True),
+    # the profile's binding with torch.compile (vLLM's DYNAMO_TRACE_ONCE + inductor on
+    # CPU) instead of the profile's --enforce-eager: does compiled decode near the floor?
+    "all+tcmalloc+compiled": dict(bind="all", tcmalloc=True),
 }
+#: Engine flags of a configuration besides the profile's (default: none).
+FLAGS = {"all+tcmalloc+compiled": {"enforce_eager": False}}
 
 
-def measure_config(pool, name: str, env: dict, tok, args) -> dict:
-    engine = pool.get(env=env)
+def measure_config(pool, name: str, env: dict, tok, args, seed: int) -> dict:
+    engine = pool.get(env=env, **FLAGS.get(name, {}))
     print(f"[{name}] {engine.command} (started in {engine.server.startup_s:.1f} s)", flush=True)
     warm = lab.synthetic_specs(tok, 1, 64, max_tokens=4, seed=999)
     lab.Client.for_engine(engine).run(warm, lab.Load.sequential(), progress=False)
-    seed = int(time.time())  # distinct prompts every round: no prefix-cache hits
     ttft_specs = lab.synthetic_specs(tok, args.requests, args.prompt_tokens, max_tokens=2,
                                      seed=seed)
     tpot_specs = lab.synthetic_specs(tok, args.requests, 128, max_tokens=args.output_tokens,
@@ -63,6 +67,7 @@ def measure_config(pool, name: str, env: dict, tok, args) -> dict:
             "ttft_ms": [r.ttft * 1e3 for r in ttft.records if r.ok],
             "tpot_ms": [r.tpot * 1e3 for r in tpot.records if r.ok and r.tpot],
             "tpot_conc_ms": [r.tpot * 1e3 for r in conc.records if r.ok and r.tpot],
+            "answers": [r.text for r in tpot.records],   # greedy: equal across configurations
             "failed": sum(not r.ok for r in (*ttft.records, *tpot.records, *conc.records))}
 
 
@@ -104,18 +109,20 @@ def main() -> int:
                       for t, g in bw.items()))
 
     runs: list[dict] = []
-    order = []
+    order = []  # (round, configuration)
     for r in range(args.rounds):
-        order += args.configs if r % 2 == 0 else list(reversed(args.configs))
+        order += [(r, c) for c in (args.configs if r % 2 == 0 else reversed(args.configs))]
+    base_seed = int(time.time())  # distinct prompts every round: no prefix-cache hits
     with lab.EnginePool(profile, log_dir=out_dir / "logs") as pool:
-        for i, name in enumerate(order, 1):
+        for i, (rnd, name) in enumerate(order, 1):
             try:
                 env = cpu_tuning.binding_env(**CONFIGS[name])
             except cpu_tuning.LibraryMissing as exc:
                 print(f"[{name}] skipped: {exc}")
                 continue
             print(f"--- {i}/{len(order)}: {name}", flush=True)
-            runs.append(measure_config(pool, name, env, tok, args))
+            runs.append({"round": rnd, **measure_config(pool, name, env, tok, args,
+                                                        seed=base_seed + 10 * rnd)})
             pool.close()  # one engine at a time: the configurations must not share cores
             (out_dir / "thread_binding.json").write_text(json.dumps(
                 {"bandwidth_gbs": bw, "weight_bytes": weights, "runs": runs}, indent=2))
@@ -133,6 +140,14 @@ def main() -> int:
     floor = cpu_tuning.decode_floor_ms(weights, best_bw)
     fastest = min((np.median([v for r in runs if r["config"] == n for v in r["tpot_ms"]]), n)
                   for n in {r["config"] for r in runs})
+    first = runs[0]["config"] if runs else None
+    for name in args.configs:  # same round, same prompts: greedy answers must match
+        pairs = [(a["answers"], b["answers"]) for a in runs for b in runs
+                 if a["config"] == first and b["config"] == name and a["round"] == b["round"]]
+        if name != first and pairs:
+            same = sum(x == y for xs, ys in pairs for x, y in zip(xs, ys))
+            print(f"{name}: {same} of {sum(len(xs) for xs, _ in pairs)} greedy answers equal "
+                  f"{first}'s")
     print(f"\nfastest single-stream TPOT: {fastest[1]} {fastest[0]:.1f} ms = "
           f"{fastest[0] / floor:.2f}x the floor {floor:.1f} ms ({best_bw:.1f} GB/s)")
     print(f"saved: {out_dir / 'thread_binding.json'}")
