@@ -10,7 +10,8 @@ measuring). `make test` starts ~30 engines, so it runs two streams at once:
 - **notebooks**: every notebook except `SECOND`'s, then the findings tests
   (tests/test_notebook_findings.py) for them;
 - **tests**: `SECOND`'s notebooks, then `tests/` (the findings tests for those
-  notebooks last, as tests/conftest.py orders them).
+  notebooks last, as tests/conftest.py orders them) except `ALONE`, the browser
+  test, which runs after both streams by itself.
 
 Each stream is one pytest session with its own engine broker
 (notebooks/conftest.py), so an engine is lent only within a stream: `SECOND`
@@ -51,6 +52,10 @@ from lab_utils.server import die_with_parent  # noqa: E402
 #: `tests/` 824 s; the other eleven notebooks 1,340 s).
 SECOND = ("06_fp8_kv_cache", "09_priority_scheduling", "13_replica_routing")
 FINDINGS = "tests/test_notebook_findings.py"
+#: Run after both streams, alone: JupyterLab's front end on a machine that two
+#: streams keep busy twice failed to run the notebook (Run All ran no cell;
+#: an Explore widget stayed "Loading widget..."), 2026-12-02, Zen 4 guest.
+ALONE = "tests/test_browser.py"
 NO_TESTS = 5  # pytest's exit status when nothing was collected
 
 
@@ -60,7 +65,8 @@ def streams(folder: Path = NOTEBOOKS_DIR) -> dict[str, list[str]]:
     rel = [str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in found]
     second = [r for r, p in zip(rel, found) if p.stem in SECOND]
     first = [r for r, p in zip(rel, found) if p.stem not in SECOND]
-    return {"notebooks": first + [FINDINGS], "tests": second + ["tests"]}
+    return {"notebooks": first + [FINDINGS],
+            "tests": second + ["tests", f"--ignore={ALONE}"]}
 
 
 def exit_status(codes: list[int]) -> int:
@@ -79,18 +85,34 @@ def _pump(name: str, proc: subprocess.Popen, lock: threading.Lock) -> None:
             sys.stdout.flush()
 
 
-def main(args: list[str], plan: dict[str, list[str]] | None = None) -> int:
-    """Run the streams (`plan`: name -> pytest paths; default `streams()`)."""
+def main(args: list[str], plan: dict[str, list[str]] | None = None,
+         then: dict[str, list[str]] | None = None) -> int:
+    """Run the streams (`plan`: name -> pytest paths; default `streams()`), then
+    `then` (default: the browser test alone), whatever the streams' outcome."""
     if os.environ.get("LAB_TEST_STREAMS") == "1":
         return subprocess.call([sys.executable, "-m", "pytest", "tests", "notebooks", *args],
                                cwd=REPO)
+    t0 = time.monotonic()
+    codes: list[int] = []
+    for phase in (plan or streams(), then if then is not None else {"browser": [ALONE]}):
+        if not phase:
+            continue
+        status = _run(phase, args, t0)
+        if status is None:
+            return 130
+        codes += status
+    return exit_status(codes)
+
+
+def _run(plan: dict[str, list[str]], args: list[str], t0: float) -> list[int] | None:
+    """Run `plan`'s pytest processes side by side; their exit statuses, or
+    None if interrupted (each got one SIGINT and was waited for)."""
     lock = threading.Lock()
     procs: dict[str, subprocess.Popen] = {}
     pumps = []
-    t0 = time.monotonic()
     ended: dict[str, float] = {}
     try:
-        for name, paths in (plan or streams()).items():
+        for name, paths in plan.items():
             print(f"[{name}] pytest {' '.join(paths)}", flush=True)
             proc = subprocess.Popen(
                 [sys.executable, "-u", "-m", "pytest", *paths, *args], cwd=REPO,
@@ -107,7 +129,7 @@ def main(args: list[str], plan: dict[str, list[str]] | None = None) -> int:
     except KeyboardInterrupt:
         # the streams run in sessions of their own: the terminal's Ctrl-C reached
         # only this process. One SIGINT each lets pytest stop its kernels and engines.
-        print("\ninterrupted: stopping both streams", flush=True)
+        print("\ninterrupted: stopping the streams", flush=True)
         for proc in procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
@@ -116,17 +138,17 @@ def main(args: list[str], plan: dict[str, list[str]] | None = None) -> int:
                 proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        return 130
+        return None
     finally:
         for proc in procs.values():  # SIGTERM, or this process failed: no stream outlives it
             if proc.poll() is None:
                 proc.terminate()
         for t in pumps:
             t.join(timeout=5)
-    codes = [proc.returncode for proc in procs.values()]
-    for (name, proc) in procs.items():
-        print(f"stream {name}: exit status {proc.returncode} after {ended[name]:.0f} s", flush=True)
-    return exit_status(codes)
+    for name, proc in procs.items():
+        print(f"stream {name}: exit status {proc.returncode}, ended {ended[name]:.0f} s "
+              "after the start", flush=True)
+    return [proc.returncode for proc in procs.values()]
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ def test_every_notebook_runs_in_exactly_one_stream():
               for p in paths if p.endswith(".ipynb")]
     assert sorted(listed) == on_disk
     assert "tests" in streams.streams()["tests"]
+    assert (NOTEBOOKS_DIR.parent / streams.ALONE).is_file(), "the test run alone was renamed"
     assert streams.FINDINGS in streams.streams()["notebooks"]
 
 
@@ -48,9 +49,11 @@ def test_the_driver_shows_both_streams_and_fails_when_one_fails(tmp_path, capfd)
     (tmp_path / "test_good.py").write_text("def test_ok():\n    assert True\n")
     (tmp_path / "test_bad.py").write_text("def test_no():\n    assert 1 == 2\n")
     plan = {"one": [str(tmp_path / "test_good.py")], "two": [str(tmp_path / "test_bad.py")]}
+    (tmp_path / "test_last.py").write_text("def test_last():\n    assert True\n")
     status = streams.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
-                          plan=plan)
+                          plan=plan, then={"last": [str(tmp_path / "test_last.py")]})
     out = capfd.readouterr().out
     assert status == 1
     assert "[one] 1 passed" in out and "[two] 1 failed" in out, out
     assert "stream two: exit status 1" in out and "stream one: exit status 0" in out
+    assert "[last] 1 passed" in out, "the phase after the streams did not run"
