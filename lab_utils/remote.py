@@ -171,8 +171,9 @@ def read_server(base_url: str, api_key: str | None = None) -> ServerInfo:
         if any(n.startswith("vllm:") for n in names):
             info.spec_decode = any(n.startswith("vllm:spec_decode") for n in names)
         info.cache = cache_config_labels(families)
+    # a busy engine may answer slowly: under two test streams on 2 cores this read came back empty twice
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        status, body = http_get(base_url + "/server_info?config_format=json", timeout=10,
+        status, body = http_get(base_url + "/server_info?config_format=json", timeout=30,
                                 api_key=api_key)
         if status == 200:
             config = json.loads(body).get("vllm_config")
