@@ -61,7 +61,7 @@ NO_TESTS = 5  # pytest's exit status when nothing was collected
 
 def streams(folder: Path = NOTEBOOKS_DIR) -> dict[str, list[str]]:
     """Each stream's pytest paths, relative to the repository."""
-    found = [p for p in notebooks(folder=folder)]
+    found = notebooks(folder=folder)
     rel = [str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in found]
     second = [r for r, p in zip(rel, found) if p.stem in SECOND]
     first = [r for r, p in zip(rel, found) if p.stem not in SECOND]
