@@ -12,7 +12,10 @@ configurations in ABBA order so drift of the machine hits all alike.
 
 It also measures the machine's memory read bandwidth (1 thread and all
 threads) and prints the decode floor: weight bytes read per step / bandwidth;
-single-stream TPOT cannot be lower than that. Results go to `--out` as JSON.
+single-stream TPOT cannot be lower than that. Every engine logs its steps
+(`--enable-logging-iteration-details`), so the single-stream series also says
+how much of TPOT is the engine's decode step and how much the rest of the
+serving path. Results go to `--out` (a folder) as JSON.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import numpy as np
 
 import lab_utils as lab
 from lab_utils import cpu_tuning
+from lab_utils.engine_steps import StepLog
 from lab_utils.machine import parse_engine_binding
 
 CONFIGS = {
@@ -40,13 +44,24 @@ CONFIGS = {
     # the profile's binding with torch.compile (vLLM's DYNAMO_TRACE_ONCE + inductor on
     # CPU) instead of the profile's --enforce-eager: does compiled decode near the floor?
     "all+tcmalloc+compiled": dict(bind="all", tcmalloc=True),
+    # the profile's binding with OpenMP threads that sleep instead of spinning between
+    # parallel regions: on 2 cores the worker's spinning threads compete with the
+    # engine-core and API-server processes for the same cores
+    "all+tcmalloc+passive": dict(bind="all", tcmalloc=True),
 }
 #: Engine flags of a configuration besides the profile's (default: none).
 FLAGS = {"all+tcmalloc+compiled": {"enforce_eager": False}}
+#: Environment of a configuration besides its binding (default: none).
+ENV = {"all+tcmalloc+passive": {"OMP_WAIT_POLICY": "PASSIVE"}}
+#: Every configuration logs each engine step (vLLM's --enable-logging-iteration-details)
+#: so that single-stream TPOT splits into the engine's step (forward pass, sampling and
+#: the hand-over to the worker) and the rest (scheduling, output processing, the API
+#: server, the client).
+STEP_LOG = {"enable_logging_iteration_details": True}
 
 
 def measure_config(pool, name: str, env: dict, tok, args, seed: int) -> dict:
-    engine = pool.get(env=env, **FLAGS.get(name, {}))
+    engine = pool.get(env={**env, **ENV.get(name, {})}, **STEP_LOG, **FLAGS.get(name, {}))
     print(f"[{name}] {engine.command} (started in {engine.server.startup_s:.1f} s)", flush=True)
     warm = lab.synthetic_specs(tok, 1, 64, max_tokens=4, seed=999)
     lab.Client.for_engine(engine).run(warm, lab.Load.sequential(), progress=False)
@@ -58,7 +73,10 @@ def measure_config(pool, name: str, env: dict, tok, args, seed: int) -> dict:
                                      max_tokens=args.output_tokens, seed=seed + 2)
     client = lab.Client.for_engine(engine)
     ttft = client.run(ttft_specs, lab.Load.sequential(), progress=False)
+    steps = StepLog(engine).start()
     tpot = client.run(tpot_specs, lab.Load.sequential(), progress=False)
+    steps = steps.read()
+    decode = steps[(steps.ctx_requests == 0) & (steps.gen_requests == 1)]
     conc = client.run(conc_specs, lab.Load.concurrent(args.concurrency), progress=False)
     got = parse_engine_binding(engine.server.log_path.read_text(errors="replace"))
     binding = f"core ids={got.get('core_ids')} reserved={got.get('reserved_cpus')}"
@@ -66,6 +84,8 @@ def measure_config(pool, name: str, env: dict, tok, args, seed: int) -> dict:
             "binding_log": binding,
             "ttft_ms": [r.ttft * 1e3 for r in ttft.records if r.ok],
             "tpot_ms": [r.tpot * 1e3 for r in tpot.records if r.ok and r.tpot],
+            # the engine's own time of each single-request decode step in that series
+            "decode_step_ms": [float(v) for v in decode.elapsed_ms],
             "tpot_conc_ms": [r.tpot * 1e3 for r in conc.records if r.ok and r.tpot],
             "answers": [r.text for r in tpot.records],   # greedy: equal across configurations
             "failed": sum(not r.ok for r in (*ttft.records, *tpot.records, *conc.records))}
@@ -127,14 +147,16 @@ def main() -> int:
             (out_dir / "thread_binding.json").write_text(json.dumps(
                 {"bandwidth_gbs": bw, "weight_bytes": weights, "runs": runs}, indent=2))
 
-    print(f"\n{'config':20s} {'TTFT ms p50 / p90':>19s} {'TPOT c=1 p50 / p90':>19s} "
+    print(f"\n{'config':22s} {'TTFT ms p50 / p90':>19s} {'TPOT c=1 p50 / p90':>19s} "
+          f"{'step c=1 p50 / p90':>19s} "
           f"{'TPOT c=' + str(args.concurrency) + ' p50 / p90':>19s}  binding")
     for name in args.configs:
         mine = [r for r in runs if r["config"] == name]
         if not mine:
             continue
         pool_of = lambda key: [v for r in mine for v in r[key]]  # noqa: E731
-        print(f"{name:20s} {stats(pool_of('ttft_ms')):>19s} {stats(pool_of('tpot_ms')):>19s} "
+        print(f"{name:22s} {stats(pool_of('ttft_ms')):>19s} {stats(pool_of('tpot_ms')):>19s} "
+              f"{stats(pool_of('decode_step_ms')):>19s} "
               f"{stats(pool_of('tpot_conc_ms')):>19s}  {mine[0]['binding_log']}")
     best_bw = max(bw.values())
     floor = cpu_tuning.decode_floor_ms(weights, best_bw)
@@ -150,6 +172,12 @@ def main() -> int:
                   f"{first}'s")
     print(f"\nfastest single-stream TPOT: {fastest[1]} {fastest[0]:.1f} ms = "
           f"{fastest[0] / floor:.2f}x the floor {floor:.1f} ms ({best_bw:.1f} GB/s)")
+    step = [v for r in runs if r["config"] == fastest[1] for v in r["decode_step_ms"]]
+    if step:
+        s = float(np.median(step))
+        print(f"  of which the engine's decode step (forward pass, sampling, hand-over to the "
+              f"worker) {s:.1f} ms = {s / floor:.2f}x the floor; the other {fastest[0] - s:.1f} ms "
+              f"are scheduling, output processing, the API server and the client")
     print(f"saved: {out_dir / 'thread_binding.json'}")
     return 0
 

@@ -89,9 +89,18 @@ def test_tls_arms_and_emulated_rtt(fake, tmp_path):
         assert (new.tls_ms > 0).all() and set(new.tls_version) == {"TLSv1.3"}
         remote = cx.remote_sweep(target, [0, 60], ("new", "pooled"), n=3, progress=False)
         t = cx.remote_table(remote)
-        # A new TLS connection per request pays the TCP and TLS round trips.
-        assert t.loc[(60, "new"), "TTFT p50 (ms)"] - t.loc[(60, "pooled"), "TTFT p50 (ms)"] > 80
         assert t.loc[(60, "new"), "connections (client trace)"] == 3
+        # A new TLS connection per request pays the TCP and the TLS round trip before
+        # its request's own: set-up >= 2 RTT, TTFT >= 3 RTT. A reused one pays neither.
+        # Lower bounds only: the emulated delays are floors, a busy machine only adds
+        # (medians of 3 requests on a machine two test streams keep busy once came
+        # out 247 ms "new" against 233 ms "pooled").
+        at60 = remote[(remote.rtt_ms == 60) & remote.ok]
+        new, pooled = at60[at60.arm == "new"], at60[at60.arm == "pooled"]
+        assert (new.setup_ms >= 2 * 60 * 0.95).all() and (new.ttft_ms >= 3 * 60 * 0.95).all()
+        reused = pooled[~pooled.new_connection]
+        assert len(reused) >= 1 and (reused.setup_ms == 0).all()
+        assert (reused.ttft_ms >= 60 * 0.95).all()
 
 
 def test_plan_is_the_one_baseline_engine():
