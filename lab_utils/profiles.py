@@ -20,13 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError
 from .paths import cache_dir
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
-
-
-class ConfigError(ValueError):
-    """A profile, flag or parameter is wrong; the message names the fix."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +66,16 @@ class Profile:
 
     def server_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment a local server of this profile starts with: the
-        `cpu_binding` variables, then the profile's [env], then `extra` (a
-        per-engine override such as VLLM_CPU_OMP_THREADS_BIND wins)."""
+        `cpu_binding` variables, `LAB_CPU_ISA`'s (`cpu_tuning.isa_env`), then the
+        profile's [env], then `extra` (a per-engine override such as
+        VLLM_CPU_OMP_THREADS_BIND wins)."""
         env: dict[str, str] = {}
         if self.cpu_binding:
             from .cpu_tuning import profile_binding_env
             env.update(profile_binding_env(self.cpu_binding))
+        if self.device == "cpu" and not self.is_remote:
+            from .cpu_tuning import isa_env  # LAB_CPU_ISA=avx2: run as on an AVX2-only CPU
+            env.update(isa_env())
         return {**env, **self.env, **{str(k): str(v) for k, v in (extra or {}).items()}}
 
     @property

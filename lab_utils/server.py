@@ -136,8 +136,9 @@ class VLLMServer(ServerView):
             raise ConfigError(f"port {self.port} on {self.host} is already in use: stop what "
                               "holds it or let the lab pick a free port (port=None)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        path = self.env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))  # e.g. LAB_CPU_ISA's shim
         env = {**os.environ, **self.env, OWNER_ENV: str(os.getpid()),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), path]))}
         log = open(self.log_path, "ab")
         log.write(f"$ {self.command}\n".encode())
         log.flush()
