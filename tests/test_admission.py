@@ -81,7 +81,8 @@ def test_interactive_is_never_held_and_batch_waits_for_the_window():
         inter, batch = spec(INTERACTIVE), spec(BATCH)
         t0 = time.perf_counter()
         await policy.admit(inter)
-        assert time.perf_counter() - t0 < 0.01
+        # not held: well under the 150 ms window (a busy machine may add a few ms)
+        assert time.perf_counter() - t0 < 0.05
         waiter = asyncio.ensure_future(policy.admit(batch))
         await asyncio.sleep(0.05)
         assert not waiter.done()                    # interactive still in flight
