@@ -200,6 +200,8 @@ def fingerprint(info: Mapping[str, Any] | None = None) -> str:
     info = machine_info() if info is None else info
     key = {k: info.get(k) for k in ("cpu_model", "isa", "cores_available", "vllm_version",
                                     "torch_version")}
+    if info.get("isa_emulated"):  # on a real AVX2-only CPU the masked flags equal the real ones
+        key["isa_emulated"] = info["isa_emulated"]
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 

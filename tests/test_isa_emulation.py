@@ -68,6 +68,9 @@ def test_the_emulated_machine_has_only_avx2_and_its_own_fingerprint():
     base = {"cpu_model": "AMD EPYC", "cores_available": 2, "vllm_version": "0.32.0",
             "torch_version": "2.13.0"}
     assert fingerprint({**base, "isa": seen["isa"]}) != fingerprint({**base, "isa": real["isa"]})
+    # an AVX2-only CPU's own flags are what emulation leaves: still a cache of its own
+    assert (fingerprint({**base, "isa": seen["isa"], "isa_emulated": "avx2"})
+            != fingerprint({**base, "isa": seen["isa"]}))
     assert emulate_isa(real, None) == real
 
 
