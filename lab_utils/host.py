@@ -5,7 +5,9 @@ time an engine's processes use during a block.
 A local server is one process group (`VLLMServer` starts it in a new session
 and stops it with killpg): its leader `engine.server.proc.pid` runs the API
 server, its descendants the engine core and the worker(s) that do the
-model's arithmetic (vLLM names them `...Worker...`). `compute_cost` turns
+model's arithmetic (vLLM names them `...Worker...`); a CPU worker that runs
+inside the engine-core process (`cpu_tuning.in_process_env`) makes that
+process (`VLLM::EngineCore`) the one that computes. `compute_cost` turns
 the worker's CPU seconds of two runs into CPU time per prefill and per
 decode step.
 """
@@ -52,6 +54,22 @@ def is_worker(proc: psutil.Process) -> bool:
         return False
 
 
+def is_engine_core(proc: psutil.Process) -> bool:
+    """Whether `proc` is vLLM's engine-core process (`VLLM::EngineCore`)."""
+    try:
+        return "EngineCore" in proc.name() or any("EngineCore" in arg for arg in proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+def model_processes(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
+    """Those of a server's processes that hold the model and compute it: its
+    workers, or where it has none (the worker inside the engine core) its
+    engine-core process."""
+    procs = list(procs)
+    return [p for p in procs if is_worker(p)] or [p for p in procs if is_engine_core(p)]
+
+
 def cpu_seconds(procs: Iterable[psutil.Process]) -> dict[psutil.Process, float]:
     """User + system CPU seconds each process has used so far (ended ones are
     left out). Keyed by the process, so a reused pid is another key."""
@@ -67,16 +85,18 @@ def cpu_seconds(procs: Iterable[psutil.Process]) -> dict[psutil.Process, float]:
 
 def group_rss(pgid: int) -> dict[str, float | None]:
     """Resident memory (MiB) of process group `pgid`: its worker processes
-    (they hold the weights and the KV cache; None without one) and the whole
+    (`model_processes`: they hold the weights and the KV cache; None without one) and the whole
     group (None when it has no process)."""
     worker, total = None, 0.0
-    for proc in group_processes(pgid):
+    procs = group_processes(pgid)
+    model = set(model_processes(procs))
+    for proc in procs:
         try:
             rss = proc.memory_info().rss / 2**20
         except psutil.Error:
             continue
         total += rss
-        if is_worker(proc):
+        if proc in model:
             worker = (worker or 0.0) + rss
     return {"worker_rss_mib": worker, "server_rss_mib": total or None}
 
@@ -86,7 +106,7 @@ class EngineCPU:
     `stop()` (or inside a `with` block), against the wall time.
 
     `cpu_s`: all of them (API server, engine core, workers); `worker_cpu_s`:
-    the workers only (the model's arithmetic, which other work on a shared
+    the workers only (`model_processes`) (the model's arithmetic, which other work on a shared
     CPU delays but does not inflate); `share`: cpu_s / (wall_s x cores), the
     fraction of the machine the engine got (low on a machine busy with other
     work: the block's latencies are then inflated by contention). The three
@@ -115,7 +135,8 @@ class EngineCPU:
         if self.pgid:
             used = {p: t - self._before.get(p, 0.0) for p, t in self._read().items()}
             self.cpu_s = sum(used.values())
-            self.worker_cpu_s = sum(t for p, t in used.items() if is_worker(p))
+            model = set(model_processes(used))
+            self.worker_cpu_s = sum(t for p, t in used.items() if p in model)
         return self
 
     def __enter__(self) -> Self:

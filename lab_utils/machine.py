@@ -58,7 +58,9 @@ def emulated_isa(environ: Mapping[str, str] | None = None) -> str | None:
 
 #: The variables vLLM's CPU backend reads to bind its threads, with vLLM's defaults.
 BINDING_DEFAULTS: dict[str, str | None] = {
-    "VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_CPU_NUM_OF_RESERVED_CPU": None, "LD_PRELOAD": ""}
+    "VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_CPU_NUM_OF_RESERVED_CPU": None, "LD_PRELOAD": "",
+    # "0": the worker computes inside the engine-core process (`cpu_tuning.in_process_env`)
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "OMP_NUM_THREADS": None}
 
 #: Arm's `CPU implementer` codes (aarch64 /proc/cpuinfo has no vendor name).
 _ARM_IMPLEMENTERS = {"0x41": "ARM", "0x42": "Broadcom", "0x43": "Cavium", "0x46": "Fujitsu",
@@ -234,17 +236,27 @@ _BIND = re.compile(r"\tVLLM_CPU_OMP_THREADS_BIND=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]
 _RESERVE = re.compile(r"\tlocal_world_size=\d+, reserve_cpu_num=(\d+)")
 _CORE_IDS = re.compile(r"\tlocal_rank=\d+, core ids=(\[[\d, ]*\])")
 _RESERVED = re.compile(r"\treserved_cpus=(\[[\d, ]*\])")
-_TORCH_THREADS = re.compile(r"Reducing Torch threads from \d+ to (\d+) for serving"
+_TORCH_THREADS = re.compile(r"Reducing Torch threads from (\d+) to (\d+) for serving"
                             r"|leaving Torch threads at (\d+) for serving")
+#: `cpu_worker.py`: the worker replaced torch.set_num_threads, so a later
+#: "Reducing Torch threads" in its process changed nothing.
+_SET_THREADS_SKIPPED = "doesn't allow to use `torch.set_num_threads` after the thread binding"
+_PID = re.compile(r"^\((\w+)(?:-\d+)? pid=(\d+)\)")
+#: Where vLLM's CPU worker code logs from: its own process ("mp" executor, the
+#: server's default) or the engine-core process ("uni": VLLM_ENABLE_V1_MULTIPROCESSING=0).
+_WORKER_CODE = ("[cpu_worker.py:", "[cpu_model_runner.py:")
 
 
 def parse_engine_binding(log_text: str) -> dict[str, Any]:
     """What thread binding vLLM applied, from a vLLM CPU server log.
 
     Returns {bind, reserve_cpu_num, core_ids: [[ids of rank 0], ...],
-    reserved_cpus, torch_threads (the worker's)}; keys the log does not show are left out,
-    {} when it shows none. The last binding record counts (a restart logs a
-    new one); log prefixes, `\\r` and ANSI colour codes are ignored."""
+    reserved_cpus, torch_threads (the worker's), executor}; keys the log does not
+    show are left out, {} when it shows none. `executor` is where the worker
+    computes: "mp" (a process of its own, which vLLM binds as the record says)
+    or "uni" (inside the engine-core process: vLLM logs no binding record, the
+    threads are OMP_NUM_THREADS, unpinned). The last binding record counts (a
+    restart logs a new one); log prefixes, `\\r` and ANSI colour codes are ignored."""
     lines = strip_ansi(log_text).replace("\r", "").splitlines()
     out: dict[str, Any] = {}
     starts = [i for i, line in enumerate(lines) if _BINDING_HEADER in line]
@@ -263,11 +275,23 @@ def parse_engine_binding(log_text: str) -> dict[str, Any]:
                 break  # vLLM writes it last
     # The engine-core process also logs "Reducing Torch threads ... to 1"; the
     # worker's own line says how many threads compute the model.
-    threads = [(line, m) for line in lines if (m := _TORCH_THREADS.search(line))]
-    worker = [t for t in threads if "(Worker" in t[0] or "Worker pid" in t[0]]
+    threads = [(i, line, m) for i, line in enumerate(lines) if (m := _TORCH_THREADS.search(line))]
+    worker = [t for t in threads if "(Worker" in t[1] or "Worker pid" in t[1]]
     if worker or threads:
-        m = (worker or threads)[-1][1]
-        out["torch_threads"] = int(m.group(1) or m.group(2))
+        i, line, m = (worker or threads)[-1]
+        n = int(m.group(2) or m.group(3))
+        pid = _PID.match(line)
+        if m.group(1) and any(_SET_THREADS_SKIPPED in later and _PID.match(later)
+                              and pid and _PID.match(later).group(2) == pid.group(2)
+                              for later in lines[i + 1:]):
+            n = int(m.group(1))  # the worker's process refused the reduction
+        out["torch_threads"] = n
+    procs = {p.group(1) for line in lines if any(w in line for w in _WORKER_CODE)
+             and (p := _PID.match(line))}
+    if starts or any(p.startswith(("Worker", "VllmWorker")) for p in procs):
+        out["executor"] = "mp"
+    elif any(p.startswith("EngineCore") for p in procs):
+        out["executor"] = "uni"
     return out
 
 

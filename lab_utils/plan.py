@@ -362,7 +362,7 @@ def build_engine(profile: Profile, arm: Arm, gpu: Device | None) -> Engine:
     """An arm's engine on this profile: command line, env, model facts and
     every problem of its own (flags, env, quantization, draft vocabulary)."""
     items = flag_items(profile, arm.flags)
-    env = profile.server_env(arm.env)
+    env = profile.server_env(arm.env, arm.flags)
     problems: list[str] = []
     ref = role_reference(profile, arm.role)
     if ref is None:

@@ -41,7 +41,8 @@ class Profile:
     api_key_env: str = ""
     base_url: str = ""              # remote only
     #: cpu only: thread binding and preloads (`lab_utils.cpu_tuning.binding_env`
-    #: keywords: bind, tcmalloc, iomp), measured by benchmarks/thread_binding.py
+    #: keywords: bind, tcmalloc, iomp; `in_process`: `cpu_tuning.in_process_env`),
+    #: measured by benchmarks/thread_binding.py
     cpu_binding: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: Per-notebook parameter defaults for this target: {notebook: {name: value}}
     #: from `[parameters."<notebook>"]` tables, checked against each notebook's
@@ -64,11 +65,15 @@ class Profile:
     def is_remote(self) -> bool:
         return self.kind == "remote"
 
-    def server_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    def server_env(self, extra: Mapping[str, str] | None = None,
+                   flags: Mapping[str, Any] | None = None) -> dict[str, str]:
         """The environment a local server of this profile starts with: the
         `cpu_binding` variables, `LAB_CPU_ISA`'s (`cpu_tuning.isa_env`), then the
         profile's [env], then `extra` (a per-engine override such as
-        VLLM_CPU_OMP_THREADS_BIND wins)."""
+        VLLM_CPU_OMP_THREADS_BIND wins); with `cpu_binding.in_process` the
+        worker runs inside the engine-core process where that binding gives it
+        every core and the engine's `flags` do not ask for per-step times
+        (`cpu_tuning.in_process_env`)."""
         env: dict[str, str] = {}
         if self.cpu_binding:
             from .cpu_tuning import profile_binding_env
@@ -76,7 +81,13 @@ class Profile:
         if self.device == "cpu" and not self.is_remote:
             from .cpu_tuning import isa_env  # LAB_CPU_ISA=avx2: run as on an AVX2-only CPU
             env.update(isa_env())
-        return {**env, **self.env, **{str(k): str(v) for k, v in (extra or {}).items()}}
+        env = {**env, **self.env, **{str(k): str(v) for k, v in (extra or {}).items()}}
+        if self.cpu_binding.get("in_process"):
+            # after the overrides: an engine bound to a share of the cores keeps
+            # vLLM's worker process, which applies that binding
+            from .cpu_tuning import in_process_env
+            env = in_process_env(env, flags=flags)
+        return env
 
     @property
     def api_key(self) -> str | None:
@@ -176,10 +187,11 @@ def load_profile(name: str = "cpu", *, base_url: str = "", **engine_overrides: A
     data.setdefault("cpu_binding", {})
     if data["cpu_binding"] and data.get("device") != "cpu":
         raise ConfigError(f"{path}: [cpu_binding] applies to device = 'cpu' only")
-    bad = set(data["cpu_binding"]) - {"bind", "tcmalloc", "iomp"}
+    bad = set(data["cpu_binding"]) - {"bind", "tcmalloc", "iomp", "in_process"}
     if bad:
         raise ConfigError(f"{path}: unknown [cpu_binding] keys {sorted(bad)}; allowed: "
-                          "bind ('auto', 'all' or a CPU list), tcmalloc, iomp (true/false)")
+                          "bind ('auto', 'all' or a CPU list), tcmalloc, iomp, in_process "
+                          "(true/false)")
     data.setdefault("parameters", {})
     bad = [k for k, v in data["parameters"].items() if not isinstance(v, dict)]
     if bad:

@@ -84,6 +84,8 @@ def _machine_section(results: dict[str, dict]) -> list[str]:
         parts += [f"{name} {binding[key]}" for key, name in (
             ("core_ids", "core ids"), ("reserved_cpus", "reserved"),
             ("torch_threads", "torch threads")) if key in binding]
+        if binding.get("executor") == "uni":
+            parts.append("worker inside the engine core")
         md += ["", "engine binding: " + ", ".join(parts)]
     return md
 

@@ -401,12 +401,12 @@ class EnginePool:
         log_path = self.log_dir / f"vllm-{self._starts:02d}-{digest}.log"
         from . import engine_lease
         if self.shared and engine_lease.broker_url():
-            server = engine_lease.acquire(argv, p.server_env(env), log_path,
+            server = engine_lease.acquire(argv, p.server_env(env, flags), log_path,
                                           notebook=self.log_dir.name,
                                           startup_timeout_s=p.startup_timeout_s,
                                           served_model_name=p.served_model_name)
         else:
-            server = VLLMServer(argv, port=port, log_path=log_path, env=p.server_env(env),
+            server = VLLMServer(argv, port=port, log_path=log_path, env=p.server_env(env, flags),
                                 startup_timeout_s=p.startup_timeout_s,
                                 served_model_name=p.served_model_name)
             server.start()

@@ -27,6 +27,56 @@ def test_binding_env():
         "bind=0-1 +tcmalloc"
 
 
+@pytest.mark.parametrize("spec", ["0", "7", "0-3", "0,2,5", "0-1,4", "2-3,0"])
+def test_cpu_lists_read_as_vllm_reads_them(spec):
+    from vllm.utils.cpu_resource_utils import parse_id_list
+    assert cpu_tuning.parse_cpu_list(spec) == sorted(parse_id_list(spec))
+
+
+@pytest.mark.parametrize("spec", ["auto", "nobind", "0|1", "", "0-", "a-b"])
+def test_what_is_not_one_cpu_list_is_refused(spec):
+    with pytest.raises(ValueError):
+        cpu_tuning.parse_cpu_list(spec)
+
+
+ALL = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+
+def test_the_worker_moves_into_the_engine_core_only_where_it_has_every_core():
+    got = cpu_tuning.in_process_env(ALL, cpus=[0, 1])
+    assert got == {**ALL, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "2"}
+    assert cpu_tuning.in_process_env({**ALL, "VLLM_CPU_OMP_THREADS_BIND": "0,1"},
+                                     cpus=[0, 1])["OMP_NUM_THREADS"] == "2"
+    unchanged = [
+        {**ALL, "VLLM_CPU_OMP_THREADS_BIND": "0"},        # a share: engines side by side
+        {**ALL, "VLLM_CPU_OMP_THREADS_BIND": "0|1"},      # two ranks
+        {"VLLM_CPU_OMP_THREADS_BIND": "0-1"},             # vLLM reserves a core by default
+        {**ALL, "VLLM_CPU_NUM_OF_RESERVED_CPU": "1"},
+        {},                                               # vLLM's automatic binding
+        {**ALL, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},   # said explicitly: kept
+    ]
+    for env in unchanged:
+        assert cpu_tuning.in_process_env(env, cpus=[0, 1]) == env, env
+    assert cpu_tuning.in_process_env(ALL, cpus=[0, 1, 2, 3]) == ALL  # not every core
+    # vLLM's per-step times cover the forward pass only in a worker process of its own
+    assert cpu_tuning.in_process_env(
+        ALL, cpus=[0, 1], flags={cpu_tuning.STEP_TIMING_FLAG: True}) == ALL
+    env = cpu_tuning.binding_env("all", in_process=True)
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
+    assert cpu_tuning.describe_env(env).endswith("+in-process")
+
+
+def test_the_profile_applies_in_process_after_per_engine_overrides(cpu):
+    p = dataclasses.replace(cpu, cpu_binding={"bind": "all", "in_process": True})
+    assert p.server_env()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    share = p.server_env({"VLLM_CPU_OMP_THREADS_BIND": str(min(os.sched_getaffinity(0)))})
+    if len(os.sched_getaffinity(0)) > 1:  # one core of several: vLLM's worker process binds it
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in share
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in p.server_env(
+        flags={"enable_logging_iteration_details": True})
+
+
 def test_a_missing_library_names_its_fix(monkeypatch):
     monkeypatch.setattr(cpu_tuning, "tcmalloc_path", lambda: None)
     with pytest.raises(cpu_tuning.LibraryMissing, match="libtcmalloc-minimal4"):

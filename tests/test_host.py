@@ -1,5 +1,6 @@
 """Host and process accounting (`lab_utils.host`) against real processes: a
-process group of a leader and a "Worker" child, like a vLLM server's."""
+process group of a leader and a "Worker" child, like a vLLM server's (or an
+"EngineCore" child, like a server whose worker runs inside its engine core)."""
 from __future__ import annotations
 
 import math
@@ -12,8 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from lab_utils.host import (EngineCPU, compute_cost, cpu_seconds, group_processes, group_rss,
-                            host_load,
-                            is_worker)
+                            host_load, is_engine_core, is_worker, model_processes)
 
 #: The child: a "Worker" (by its command line) that, on each line read,
 #: burns that many seconds of its own CPU time, or holds that many MiB.
@@ -32,21 +32,23 @@ for line in sys.stdin:
 """
 
 #: The leader: starts the worker in its process group, hands it its stdin and stdout.
-#: ("Wor" "ker" split: the leader's own command line must not name a worker.)
+#: (Its name comes split: the leader's own command line must not name a worker.)
 LEADER = f"""
 import subprocess, sys
-worker = subprocess.Popen([sys.executable, "-c", {WORKER!r}, "Wor" + "ker"], stdin=sys.stdin,
-                          stdout=sys.stdout)
+worker = subprocess.Popen([sys.executable, "-c", {WORKER!r}, sys.argv[1] + sys.argv[2]],
+                          stdin=sys.stdin, stdout=sys.stdout)
 sys.exit(worker.wait())
 """
 
 
-@pytest.fixture
-def server():
+@pytest.fixture(params=[("Wor", "ker"), ("VLLM::Engine", "Core")], ids=["worker", "engine-core"])
+def server(request):
     """A stand-in for a local engine's server: its own process group, whose
-    leader is the API server and whose child is the worker."""
-    proc = subprocess.Popen([sys.executable, "-c", LEADER], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    leader is the API server and whose child computes: a "Worker", or an
+    "EngineCore" with the worker inside (no process named Worker)."""
+    proc = subprocess.Popen([sys.executable, "-c", LEADER, *request.param],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
 
     def ask(kind: str, amount: float) -> None:
         proc.stdin.write(f"{kind} {amount}\n")
@@ -66,7 +68,10 @@ def test_host_load_is_the_one_minute_load_average():
 def test_group_processes_are_the_leader_and_its_children(server):
     pids = {p.pid for p in group_processes(server.proc.pid)}
     assert len(pids) == 2 and server.proc.pid in pids
-    assert [is_worker(p) for p in group_processes(server.proc.pid)].count(True) == 1
+    procs = group_processes(server.proc.pid)
+    computes = model_processes(procs)
+    assert len(computes) == 1 and computes[0].pid != server.proc.pid
+    assert [is_worker(p) for p in procs].count(True) == (not is_engine_core(computes[0]))
     assert os.getpid() not in pids
     assert group_processes(2**22 + 12345) == []                 # no such group
 

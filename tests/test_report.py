@@ -129,6 +129,14 @@ def test_build_index_names_the_machine_and_binding(run_dir):
     assert "<p>engine binding: bind auto, core ids [[0]], reserved [1]" in html
 
 
+def test_build_index_says_where_an_in_process_worker_computes(run_dir):
+    (run_dir / "results" / "00_baseline.json").write_text(json.dumps({
+        "notebook": "00_baseline", "findings": [],
+        "engines": [{"label": "baseline", "binding": {"torch_threads": 2, "executor": "uni"}}]}))
+    md = build_index(run_dir)[0].read_text()
+    assert "engine binding: torch threads 2, worker inside the engine core" in md.splitlines()
+
+
 def test_build_index_without_machine_writes_nothing_extra(run_dir):
     md = build_index(run_dir)[0].read_text()
     assert "machine:" not in md and "engine binding" not in md

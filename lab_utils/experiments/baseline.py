@@ -111,12 +111,20 @@ def engine_binding(engine) -> pd.DataFrame:
     except OSError:
         got = {}
     env = engine.server.env
+    in_core = got.get("executor") == "uni"
+    unbound = "– (vLLM binds only a worker process of its own)"
     rows.update({
         "lab's setting (profile [cpu_binding] + [env])": describe_env(env),
-        "VLLM_CPU_OMP_THREADS_BIND (vLLM)": got.get("bind", "?"),
-        "worker core ids (vLLM)": got.get("core_ids", "?"),
-        "reserved for the engine core (vLLM)": got.get("reserved_cpus", "?"),
+        "worker's process (vLLM)": {
+            "mp": "its own (vLLM's mp executor)",
+            "uni": "the engine core's (uni executor: VLLM_ENABLE_V1_MULTIPROCESSING=0)",
+        }.get(got.get("executor"), "?"),
+        "VLLM_CPU_OMP_THREADS_BIND (vLLM)": got.get("bind", unbound if in_core else "?"),
+        "worker core ids (vLLM)": got.get("core_ids", unbound if in_core else "?"),
+        "reserved for the engine core (vLLM)": got.get("reserved_cpus",
+                                                       "none: it is the worker" if in_core else "?"),
         "torch threads in the worker (vLLM)": got.get("torch_threads", "?"),
+        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "(vLLM's choice)"),
         "LD_PRELOAD": env.get("LD_PRELOAD", "") or "(none)"})
     return pd.Series({k: str(v) for k, v in rows.items()}, name="value").to_frame()
 
