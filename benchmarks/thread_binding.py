@@ -22,8 +22,10 @@ engine core, vLLM's step timer covers the sampling only). Results go to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -76,6 +78,35 @@ ENV = {"all+tcmalloc+passive": {"OMP_WAIT_POLICY": "PASSIVE"},
 STEP_LOG = {"enable_logging_iteration_details": True}
 
 
+#: The competing job of the "busy" series: another process computing with as many
+#: torch threads as there are cores (small matrix products with short pauses, as
+#: another engine's decode steps), for at most `argv[1]` seconds.
+COMPETITOR = r"""
+import os, sys, time, torch
+torch.set_num_threads(len(os.sched_getaffinity(0)))
+a = torch.randn(256, 256)
+t0 = time.time()
+while time.time() - t0 < float(sys.argv[1]):
+    for _ in range(50):
+        a @ a
+    time.sleep(0.002)
+"""
+
+
+@contextlib.contextmanager
+def competing_job(limit_s: float = 600.0):
+    """A process competing for every core while the block runs: how an engine
+    configuration holds up on a machine that is not idle (two test streams, a
+    notebook beside another job, a neighbour on a shared host)."""
+    proc = subprocess.Popen([sys.executable, "-c", COMPETITOR, str(limit_s)])
+    try:
+        time.sleep(1.0)  # past its imports
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def measure_config(pool, name: str, env: dict, tok, args, seed: int) -> dict:
     engine = pool.get(env={**env, **ENV.get(name, {})}, **STEP_LOG, **FLAGS.get(name, {}))
     print(f"[{name}] {engine.command} (started in {engine.server.startup_s:.1f} s)", flush=True)
@@ -94,6 +125,10 @@ def measure_config(pool, name: str, env: dict, tok, args, seed: int) -> dict:
     steps = steps.read()
     decode = steps[(steps.ctx_requests == 0) & (steps.gen_requests == 1)]
     conc = client.run(conc_specs, lab.Load.concurrent(args.concurrency), progress=False)
+    busy_specs = lab.synthetic_specs(tok, args.requests, 128, max_tokens=args.output_tokens,
+                                     seed=seed + 3)
+    with competing_job():
+        busy = client.run(busy_specs, lab.Load.sequential(), progress=False)
     got = parse_engine_binding(engine.server.log_path.read_text(errors="replace"))
     binding = (f"{got.get('executor')}: core ids={got.get('core_ids', '-')} "
                f"reserved={got.get('reserved_cpus', '-')} threads={got.get('torch_threads')}")
@@ -107,8 +142,11 @@ def measure_config(pool, name: str, env: dict, tok, args, seed: int) -> dict:
             "decode_step_ms": ([] if env.get(cpu_tuning.MULTIPROCESSING) == "0"
                                else [float(v) for v in decode.elapsed_ms]),
             "tpot_conc_ms": [r.tpot * 1e3 for r in conc.records if r.ok and r.tpot],
+            # single-stream TPOT beside a job computing on every core
+            "tpot_busy_ms": [r.tpot * 1e3 for r in busy.records if r.ok and r.tpot],
             "answers": [r.text for r in tpot.records],   # greedy: equal across configurations
-            "failed": sum(not r.ok for r in (*ttft.records, *tpot.records, *conc.records))}
+            "failed": sum(not r.ok for r in (*ttft.records, *tpot.records, *conc.records,
+                                             *busy.records))}
 
 
 def stats(values) -> str:
@@ -175,7 +213,8 @@ def main() -> int:
     width = max(22, *map(len, args.configs))
     print(f"\n{'config':{width}s} {'TTFT ms p50 / p90':>19s} {'TPOT c=1 p50 / p90':>19s} "
           f"{'step c=1 p50 / p90':>19s} "
-          f"{'TPOT c=' + str(args.concurrency) + ' p50 / p90':>19s}  binding")
+          f"{'TPOT c=' + str(args.concurrency) + ' p50 / p90':>19s} "
+          f"{'TPOT busy p50 / p90':>19s}  binding")
     for name in args.configs:
         mine = [r for r in runs if r["config"] == name]
         if not mine:
@@ -183,7 +222,8 @@ def main() -> int:
         pool_of = lambda key: [v for r in mine for v in r[key]]  # noqa: E731
         print(f"{name:{width}s} {stats(pool_of('ttft_ms')):>19s} {stats(pool_of('tpot_ms')):>19s} "
               f"{stats(pool_of('decode_step_ms')):>19s} "
-              f"{stats(pool_of('tpot_conc_ms')):>19s}  {mine[0]['binding_log']}")
+              f"{stats(pool_of('tpot_conc_ms')):>19s} "
+              f"{stats(pool_of('tpot_busy_ms')):>19s}  {mine[0]['binding_log']}")
     fastest = min((np.median([v for r in runs if r["config"] == n for v in r["tpot_ms"]]), n)
                   for n in {r["config"] for r in runs})
     # each series against the floor measured just before it, then the median

@@ -96,8 +96,10 @@ def in_process_env(env: Mapping[str, str], cpus: list[int] | None = None,
     """`env` plus what puts vLLM's CPU worker inside the engine-core process,
     where the engine's binding gives the worker every CPU this process may use
     and reserves none (VLLM_CPU_OMP_THREADS_BIND equal to them, or "all" cores
-    through `binding_env`): VLLM_ENABLE_V1_MULTIPROCESSING=0 and OMP_NUM_THREADS
-    = their number, the thread count vLLM would give that worker itself.
+    through `binding_env`): VLLM_ENABLE_V1_MULTIPROCESSING=0 and the OpenMP
+    variables vLLM would give that worker's process itself
+    (`OMPProcessManager.configure_omp_envs`: thread count and affinity for the
+    OpenMP runtime LD_PRELOAD selects), which it sets only for a process of its own.
 
     Otherwise `env` is returned unchanged: a worker bound to a share of the
     cores (two engines side by side), a reserved core or vLLM's automatic
@@ -115,7 +117,24 @@ def in_process_env(env: Mapping[str, str], cpus: list[int] | None = None,
         return env
     if bound != cpus or env.get("VLLM_CPU_NUM_OF_RESERVED_CPU") != "0":
         return env
-    return {**env, MULTIPROCESSING: "0", "OMP_NUM_THREADS": str(len(cpus))}
+    return {**env, MULTIPROCESSING: "0", **worker_omp_env(cpus, env.get("LD_PRELOAD", ""))}
+
+
+def worker_omp_env(cpus: list[int], ld_preload: str = "") -> dict[str, str]:
+    """The OpenMP variables vLLM 0.32 sets for a CPU worker process bound to
+    `cpus` (`vllm/utils/ompmultiprocessing.py`, `configure_omp_envs`): Intel
+    OpenMP's when LD_PRELOAD holds it, GNU OpenMP's when it holds libgomp, the
+    standard ones otherwise."""
+    ids = [str(c) for c in cpus]
+    env = {"OMP_NUM_THREADS": str(len(ids))}
+    if "libiomp" in ld_preload or "libomp" in ld_preload:
+        env.update(KMP_AFFINITY=f"granularity=fine,explicit,proclist=[{','.join(ids)}]",
+                   KMP_BLOCKTIME="5", KMP_TPAUSE="0")
+    elif "libgomp" in ld_preload:
+        env["GOMP_CPU_AFFINITY"] = " ".join(ids)
+    else:
+        env.update(OMP_PLACES="{" + ",".join(ids) + "}", OMP_PROC_BIND="true")
+    return env
 
 
 def core_shares(n: int, cpus: list[int] | None = None) -> list[str]:

@@ -44,7 +44,8 @@ ALL = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 def test_the_worker_moves_into_the_engine_core_only_where_it_has_every_core():
     got = cpu_tuning.in_process_env(ALL, cpus=[0, 1])
-    assert got == {**ALL, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "2"}
+    assert got == {**ALL, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "2",
+                   "OMP_PLACES": "{0,1}", "OMP_PROC_BIND": "true"}
     assert cpu_tuning.in_process_env({**ALL, "VLLM_CPU_OMP_THREADS_BIND": "0,1"},
                                      cpus=[0, 1])["OMP_NUM_THREADS"] == "2"
     unchanged = [
@@ -65,6 +66,31 @@ def test_the_worker_moves_into_the_engine_core_only_where_it_has_every_core():
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert env["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
     assert cpu_tuning.describe_env(env).endswith("+in-process")
+
+
+@pytest.mark.parametrize("preload", ["", "/usr/lib/libtcmalloc_minimal.so.4",
+                                     "/venv/lib/libiomp5.so", "/usr/lib/libgomp.so.1"])
+def test_the_in_process_worker_gets_the_openmp_variables_vllm_gives_its_worker(
+        monkeypatch, preload):
+    # vLLM's own manager, as its mp executor runs it before starting a worker process
+    from types import SimpleNamespace
+
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+    cpus = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", cpu_tuning.all_cores())
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    monkeypatch.setenv("LD_PRELOAD", preload)
+    config = SimpleNamespace(
+        parallel_config=SimpleNamespace(local_world_size=1, data_parallel_rank_local=None,
+                                        _api_process_count=1),
+        kv_transfer_config=None)
+    before = dict(os.environ)
+    with OMPProcessManager(config).configure_omp_envs(rank=0, local_rank=0):
+        vllms = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    ours = cpu_tuning.in_process_env({"VLLM_CPU_OMP_THREADS_BIND": cpu_tuning.all_cores(),
+                                      "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+                                      "LD_PRELOAD": preload}, cpus=cpus)
+    assert vllms and {k: ours.get(k) for k in vllms} == vllms
 
 
 def test_the_profile_applies_in_process_after_per_engine_overrides(cpu):
