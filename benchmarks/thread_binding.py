@@ -200,7 +200,7 @@ def main() -> int:
                 continue
             print(f"--- {i}/{len(order)}: {name}", flush=True)
             # the floor beside each series: a shared host's bandwidth drifts
-            # (32-64 GB/s within an hour on one 2-core guest)
+            # (26-67 GB/s within ~70 minutes on one 2-core guest)
             bw_now = max(cpu_tuning.read_bandwidth_gbs(t) for t in sorted({1, cores}))
             runs.append({"round": rnd, "bandwidth_gbs": bw_now,
                          "floor_ms": cpu_tuning.decode_floor_ms(weights, bw_now),

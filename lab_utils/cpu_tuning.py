@@ -14,8 +14,10 @@ shared-memory queue the engine-core process polls, spinning, while the worker
 computes. On the CPU backend it allows the worker inside the engine-core
 process (the "uni" executor) only with `VLLM_ENABLE_V1_MULTIPROCESSING=0`, and
 then applies no binding of its own. `in_process_env(env)` does that where the
-worker has every core anyway (`OMP_NUM_THREADS` set to their number): one
-process fewer to start and none competing with the worker's threads.
+worker has every core anyway, with the OpenMP variables vLLM would have given
+the worker's process: one process fewer to start (~6 s on 2 cores), but decode
+that collapses when another job computes on the same cores, so the `cpu`
+profile leaves it off (its numbers are in `profiles/cpu.toml`).
 
 `binding_env(...)` builds those environments from libraries found on this
 machine; `benchmarks/thread_binding.py` measures them against each other and

@@ -84,9 +84,9 @@ def cpu_seconds(procs: Iterable[psutil.Process]) -> dict[psutil.Process, float]:
 
 
 def group_rss(pgid: int) -> dict[str, float | None]:
-    """Resident memory (MiB) of process group `pgid`: its worker processes
-    (`model_processes`: they hold the weights and the KV cache; None without one) and the whole
-    group (None when it has no process)."""
+    """Resident memory (MiB) of process group `pgid`: the processes holding the
+    weights and the KV cache (`model_processes`; None without one) and the
+    whole group (None when it has no process)."""
     worker, total = None, 0.0
     procs = group_processes(pgid)
     model = set(model_processes(procs))
@@ -106,8 +106,8 @@ class EngineCPU:
     `stop()` (or inside a `with` block), against the wall time.
 
     `cpu_s`: all of them (API server, engine core, workers); `worker_cpu_s`:
-    the workers only (`model_processes`) (the model's arithmetic, which other work on a shared
-    CPU delays but does not inflate); `share`: cpu_s / (wall_s x cores), the
+    those that compute the model only (`model_processes`: its arithmetic, which
+    other work on a shared CPU delays but does not inflate); `share`: cpu_s / (wall_s x cores), the
     fraction of the machine the engine got (low on a machine busy with other
     work: the block's latencies are then inflated by contention). The three
     are nan for an engine without a local server. A process started during

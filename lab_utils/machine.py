@@ -242,6 +242,12 @@ _TORCH_THREADS = re.compile(r"Reducing Torch threads from (\d+) to (\d+) for ser
 #: "Reducing Torch threads" in its process changed nothing.
 _SET_THREADS_SKIPPED = "doesn't allow to use `torch.set_num_threads` after the thread binding"
 _PID = re.compile(r"^\((\w+)(?:-\d+)? pid=(\d+)\)")
+def _pid(line: str) -> str | None:
+    """The process id of a vLLM log line's "(Name pid=N)" prefix."""
+    m = _PID.match(line)
+    return m.group(2) if m else None
+
+
 #: Where vLLM's CPU worker code logs from: its own process ("mp" executor, the
 #: server's default) or the engine-core process ("uni": VLLM_ENABLE_V1_MULTIPROCESSING=0).
 _WORKER_CODE = ("[cpu_worker.py:", "[cpu_model_runner.py:")
@@ -255,7 +261,7 @@ def parse_engine_binding(log_text: str) -> dict[str, Any]:
     show are left out, {} when it shows none. `executor` is where the worker
     computes: "mp" (a process of its own, which vLLM binds as the record says)
     or "uni" (inside the engine-core process: vLLM logs no binding record, the
-    threads are OMP_NUM_THREADS, unpinned). The last binding record counts (a
+    threads follow the OpenMP variables the engine started with). The last binding record counts (a
     restart logs a new one); log prefixes, `\\r` and ANSI colour codes are ignored."""
     lines = strip_ansi(log_text).replace("\r", "").splitlines()
     out: dict[str, Any] = {}
@@ -280,10 +286,9 @@ def parse_engine_binding(log_text: str) -> dict[str, Any]:
     if worker or threads:
         i, line, m = (worker or threads)[-1]
         n = int(m.group(2) or m.group(3))
-        pid = _PID.match(line)
-        if m.group(1) and any(_SET_THREADS_SKIPPED in later and _PID.match(later)
-                              and pid and _PID.match(later).group(2) == pid.group(2)
-                              for later in lines[i + 1:]):
+        pid = _pid(line)
+        if m.group(1) and pid and any(_SET_THREADS_SKIPPED in later and _pid(later) == pid
+                                      for later in lines[i + 1:]):
             n = int(m.group(1))  # the worker's process refused the reduction
         out["torch_threads"] = n
     procs = {p.group(1) for line in lines if any(w in line for w in _WORKER_CODE)
