@@ -159,7 +159,9 @@ def measured_compute(engine, prefill_run: Callable[[], Any], full_run: Callable[
     results, their cost): `compute_cost` from the worker's CPU time on a
     local CPU engine (nan elsewhere: a GPU's compute is not CPU time), the
     prefill run's median TTFT and the worker's CPU share of the full run's
-    request time (1: it had a core to itself)."""
+    request time per worker thread (`worker_threads`, the threads vLLM gave it, from its
+    log): 1 when its threads computed all the time, lower when other work on the
+    machine held the cores."""
     with EngineCPU(engine) as pre_cpu:
         pre = prefill_run()
     with EngineCPU(engine) as full_cpu:
@@ -168,9 +170,29 @@ def measured_compute(engine, prefill_run: Callable[[], Any], full_run: Callable[
     prefill_s, total_s = (pre_cpu.worker_cpu_s, full_cpu.worker_cpu_s) if local_cpu \
         else (None, None)
     wall = sum(r.e2e or 0.0 for r in full.records)
+    threads = worker_threads(engine) if local_cpu else None
     return pre, full, {**compute_cost(prefill_s, total_s, requests, output_tokens),
                        "prefill_ttft_ms": pre.frame().ttft_ms.median(),
-                       "cpu_share": total_s / wall if total_s is not None and wall else math.nan}
+                       "worker_threads": threads or math.nan,
+                       "cpu_share": total_s / (wall * (threads or 1))
+                       if total_s is not None and wall else math.nan}
+
+
+def worker_threads(engine) -> int | None:
+    """How many threads compute the model in a local CPU engine: the worker's
+    torch threads as vLLM logged them (`machine.parse_engine_binding`), else
+    the CPUs of the binding's `bind` list; None when the log says neither."""
+    from .cpu_tuning import parse_cpu_list
+    from .machine import parse_engine_binding
+    try:
+        got = parse_engine_binding(engine.server.log_path.read_text(errors="replace"))
+    except (AttributeError, OSError):
+        return None
+    if got.get("torch_threads"):
+        return int(got["torch_threads"])
+    bind = got.get("bind")
+    return len(parse_cpu_list(bind)) if isinstance(bind, str) and bind not in ("", "auto", "all",
+                                                                               "nobind") else None
 
 
 def compute_cost(prefill_cpu_s: float | None, total_cpu_s: float | None, requests: int,

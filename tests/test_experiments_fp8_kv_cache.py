@@ -214,6 +214,7 @@ def test_findings_of_arms_that_did_not_run_are_noted_not_recorded(tmp_path):
     table = res.add_findings(kv.findings(kv.ArmsResult(budget_bytes=1), max_model_len=1024,
                                          pressure_requests=8))
     assert table.empty and sum("not recorded" in n for n in res.data["notes"]) == 6
+    assert not any("nan" in n for n in res.data["notes"])  # no count of tokens never read
 
 
 def test_arm_notes():

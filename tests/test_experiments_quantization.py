@@ -195,6 +195,16 @@ def test_findings(tmp_path):
     assert tags == ["quantization:tpot", "quantization:ttft"]
     assert "W8A8" in saved["findings"][0]["reason"]
     assert "change_ci95" not in saved["findings"][0]  # no per-request samples given
+    # the reference's worker computed half the time (0.5): that arm was held up
+    compute = table[table.metric == "decode compute: worker CPU ms per output token"]
+    assert "50% -> 80% (below 80%: other work" in compute.mechanism.iloc[0]
+
+
+def test_the_share_note_says_what_the_shares_show():
+    assert "other work" in q.share_note(0.95, 0.79)
+    assert "had its cores" in q.share_note(0.95, 0.8)
+    assert "had its cores" in q.share_note(1.0, math.nan)
+    assert q.share_note(math.nan, None) == ""
 
 
 def test_findings_with_latency_samples(tmp_path):

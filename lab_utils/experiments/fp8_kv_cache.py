@@ -449,7 +449,9 @@ def findings(result: ArmsResult, *, max_model_len: int, pressure_requests: int,
                     "article_claim": "less memory-bandwidth pressure", "mechanism": evidence})
     out.append({
         "technique": "fp8 KV cache",
-        "metric": f"perplexity on {q.tokens:.0f} tokens of a fixed text, {b} -> {t}",
+        "metric": (f"perplexity on {q.tokens:.0f} tokens of a fixed text, {b} -> {t}"
+                   if math.isfinite(q.tokens) else  # no pair of arms was compared
+                   f"perplexity of a fixed text, {b} -> {t}"),
         "baseline": q.ppl_baseline, "treated": q.ppl_treated,
         "article_claim": "(no accuracy claim for the fp8 KV cache)",
         "mechanism": f"prompt_logprobs: mean |log-prob difference| "

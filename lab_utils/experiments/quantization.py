@@ -449,6 +449,22 @@ def _fmt(value: Any, spec: str) -> str:
         return "?"
 
 
+#: Below this share of its threads' time the worker waited for cores.
+BUSY_SHARE = 0.8
+
+
+def share_note(*shares: float) -> str:
+    """What the worker's CPU shares (`host.measured_compute`) say of the run:
+    below BUSY_SHARE other work held the cores and the wall-clock numbers are
+    inflated; at or above it the worker had them."""
+    known = [x for x in shares if isinstance(x, (int, float)) and math.isfinite(x)]
+    if not known:
+        return ""
+    if min(known) < BUSY_SHARE:
+        return f" (below {BUSY_SHARE:.0%}: other work on the machine held the cores)"
+    return f" (at least {BUSY_SHARE:.0%}: the worker had its cores)"
+
+
 def findings(comparison: pd.DataFrame, memory: pd.DataFrame,
              latency: pd.DataFrame | None = None, device: str = "") -> list[dict[str, Any]]:
     """The findings per quantized arm against its reference: TPOT, TTFT, worker
@@ -498,9 +514,9 @@ def findings(comparison: pd.DataFrame, memory: pd.DataFrame,
         add("TTFT median (ms)", c.ttft_ms_ref, c.ttft_ms, "ttft", mechanism=evidence,
             samples=samples("ttft_ms", name, c.reference))
         if _fmt(c.decode_cpu_ms, "f") != "?" and _fmt(c.decode_cpu_ms_ref, "f") != "?":
-            share = (f"{evidence}; worker CPU share of the wall time "
-                     f"{_fmt(c.cpu_share_ref, '.0%')} -> {_fmt(c.cpu_share, '.0%')} (well below "
-                     "100%: other work on the machine delayed it)")
+            share = (f"{evidence}; worker CPU time per worker thread over the wall time "
+                     f"{_fmt(c.cpu_share_ref, '.0%')} -> {_fmt(c.cpu_share, '.0%')}"
+                     + share_note(c.cpu_share_ref, c.cpu_share))
             add("decode compute: worker CPU ms per output token", c.decode_cpu_ms_ref,
                 c.decode_cpu_ms, mechanism=share)
             add("prefill compute: worker CPU ms per prompt", c.prefill_cpu_ms_ref,
