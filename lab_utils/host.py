@@ -179,20 +179,16 @@ def measured_compute(engine, prefill_run: Callable[[], Any], full_run: Callable[
 
 
 def worker_threads(engine) -> int | None:
-    """How many threads compute the model in a local CPU engine: the worker's
-    torch threads as vLLM logged them (`machine.parse_engine_binding`), else
-    the CPUs of the binding's `bind` list; None when the log says neither."""
-    from .cpu_tuning import parse_cpu_list
+    """How many threads compute the model in a local CPU engine, from its log
+    (`machine.parse_engine_binding`): the worker's torch threads, else the
+    cores of its binding record; None when the log says neither."""
     from .machine import parse_engine_binding
     try:
         got = parse_engine_binding(engine.server.log_path.read_text(errors="replace"))
     except (AttributeError, OSError):
         return None
-    if got.get("torch_threads"):
-        return int(got["torch_threads"])
-    bind = got.get("bind")
-    return len(parse_cpu_list(bind)) if isinstance(bind, str) and bind not in ("", "auto", "all",
-                                                                               "nobind") else None
+    cores = got.get("core_ids") or [[]]
+    return int(got.get("torch_threads") or len(cores[-1])) or None
 
 
 def compute_cost(prefill_cpu_s: float | None, total_cpu_s: float | None, requests: int,
