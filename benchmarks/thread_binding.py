@@ -12,7 +12,9 @@ configurations in ABBA order so drift of the machine hits all alike.
 
 It also measures the machine's memory read bandwidth (1 thread and all
 threads) and prints the decode floor: weight bytes read per step / bandwidth;
-single-stream TPOT cannot be lower than that. Every engine logs its steps
+single-stream TPOT cannot be lower than that. And it times the step's matrix
+products alone, through the GEMM vLLM picks for them (`cpu_tuning.decode_linears_ms`):
+what the forward pass cannot beat with vLLM's kernels. Every engine logs its steps
 (`--enable-logging-iteration-details`), so the single-stream series also says
 how much of TPOT is the engine's decode step and how much the rest of the
 serving path (not for the "inproc" configurations: with the worker inside the
@@ -36,6 +38,7 @@ import numpy as np
 import lab_utils as lab
 from lab_utils import cpu_tuning
 from lab_utils.engine_steps import StepLog
+from lab_utils.facts import model_facts
 from lab_utils.machine import parse_engine_binding
 
 CONFIGS = {
@@ -186,6 +189,14 @@ def main() -> int:
           + ", ".join(f"{cpu_tuning.decode_floor_ms(weights, g):.1f} ms ({t} thr)"
                       for t, g in bw.items()))
 
+    # what vLLM's own GEMM needs for one step's matrix products, and nothing else
+    shapes = model_facts(str(model_dir)).decode_linear_shapes()
+    linears = cpu_tuning.decode_linears_ms(shapes, cores)
+    floor_now = cpu_tuning.decode_floor_ms(weights, max(bw.values()))
+    print(f"the {len(shapes)} matrix products of one decode step alone, through vLLM's GEMM "
+          f"({cores} threads): {linears['ms_median']:.1f} ms (min {linears['ms_min']:.1f}) = "
+          f"{linears['ms_median'] / floor_now:.2f}x the floor")
+
     runs: list[dict] = []
     order = []  # (round, configuration)
     for r in range(args.rounds):
@@ -208,7 +219,8 @@ def main() -> int:
                                           seed=base_seed + 10 * rnd)})
             pool.close()  # one engine at a time: the configurations must not share cores
             (out_dir / "thread_binding.json").write_text(json.dumps(
-                {"bandwidth_gbs": bw, "weight_bytes": weights, "runs": runs}, indent=2))
+                {"bandwidth_gbs": bw, "weight_bytes": weights, "linears_ms": linears,
+                 "runs": runs}, indent=2))
 
     width = max(22, *map(len, args.configs))
     print(f"\n{'config':{width}s} {'TTFT ms p50 / p90':>19s} {'TPOT c=1 p50 / p90':>19s} "
@@ -255,6 +267,10 @@ def main() -> int:
         print(f"  of which the engine's decode step (forward pass, sampling, hand-over to the "
               f"worker) {s:.1f} ms = {s / floor:.2f}x the floor; the other {fastest[0] - s:.1f} ms "
               f"are scheduling, output processing, the API server and the client")
+        print(f"  the step's matrix products alone take {linears['ms_median']:.1f} ms = "
+              f"{linears['ms_median'] / floor:.2f}x the floor; the step's other "
+              f"{s - linears['ms_median']:.1f} ms are attention, norms, rotary, sampling and "
+              f"the hand-over")
     print(f"saved: {out_dir / 'thread_binding.json'}")
     return 0
 

@@ -281,6 +281,44 @@ def read_bandwidth_gbs(threads: int = 1, mib: int = 1024) -> float:
     return float(json.loads(proc.stdout.strip().splitlines()[-1])["gb_per_s"])
 
 
+_LINEARS_SCRIPT = r"""
+import json, sys, time, torch
+shapes, threads, steps = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(threads)
+from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+layers = []
+for n, k in shapes:  # distinct weights per layer: they stream from memory as in a step
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.randn(n, k) * 0.02, requires_grad=False)
+    layer.bias = None
+    dispatch_cpu_unquantized_gemm(layer, remove_weight=False)  # the engine's own choice
+    layers.append((layer, torch.randn(1, k)))
+times = []
+for _ in range(steps + 3):
+    t0 = time.perf_counter()
+    for layer, x in layers:
+        layer.cpu_linear(x, layer.weight, None)
+    times.append(time.perf_counter() - t0)
+times = sorted(times[3:])
+print(json.dumps({"ms_median": times[len(times) // 2] * 1e3, "ms_min": times[0] * 1e3,
+                  "bytes": sum(n * k * 4 for n, k in shapes)}))
+"""
+
+
+def decode_linears_ms(shapes: list[tuple[int, int]], threads: int, steps: int = 21) -> dict:
+    """The matrix products of one single-request decode step (`shapes`:
+    `ModelFacts.decode_linear_shapes()`, float32) alone, through the GEMM vLLM's
+    CPU backend picks for them (`dispatch_cpu_unquantized_gemm`: oneDNN, SGL or
+    zentorch), in a fresh process with `threads` torch threads: `ms_median` and
+    `ms_min` over `steps` steps, and the weight `bytes` they read. What the
+    engine's forward pass cannot beat with these kernels, however little else
+    it does."""
+    proc = subprocess.run([sys.executable, "-c", _LINEARS_SCRIPT, json.dumps(shapes),
+                           str(threads), str(steps)],
+                          capture_output=True, text=True, timeout=600, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def weight_bytes(model_dir: str | Path) -> int:
     """Bytes of the safetensors weights in a model folder (read once per decode step)."""
     files = list(Path(model_dir).glob("*.safetensors"))

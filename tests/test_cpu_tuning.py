@@ -8,6 +8,7 @@ import warnings
 import pytest
 
 from lab_utils import cpu_tuning
+from lab_utils.facts import model_facts
 from lab_utils.profiles import ConfigError, load_profile
 
 
@@ -160,3 +161,20 @@ def test_core_shares_give_each_engine_its_own_cores():
     assert core_shares(1, [0, 1]) == ["0,1"]
     with pytest.raises(ValueError, match="their own core"):
         core_shares(3, [0, 1])
+
+
+def test_a_decode_steps_matrices_are_the_models_weights_but_its_norms():
+    # models.toml's num_parameters is the embedded checkpoint's safetensors total
+    facts = model_facts("embedded")
+    shapes = facts.decode_linear_shapes()
+    assert len(shapes) == 4 * 30 + 1
+    assert shapes[:4] == [(576 + 2 * 3 * 64, 576), (576, 576), (2 * 1536, 576), (576, 1536)]
+    assert shapes[-1] == (49152, 576)  # the LM head, tied to the embeddings
+    norms = 30 * 2 * 576 + 576
+    assert sum(n * k for n, k in shapes) + norms == facts.num_parameters == 134_515_008
+
+
+def test_decode_linears_run_through_vllms_gemm():
+    got = cpu_tuning.decode_linears_ms([(64, 32), (32, 64)], threads=1, steps=3)
+    assert got["bytes"] == 2 * 64 * 32 * 4
+    assert 0 < got["ms_min"] <= got["ms_median"] < 1000
