@@ -276,9 +276,15 @@ print(json.dumps({"threads": threads, "bytes": x.numel() * 4, "seconds_median": 
 def read_bandwidth_gbs(threads: int = 1, mib: int = 1024) -> float:
     """Measured memory read bandwidth (GB/s, 1e9 bytes) of a `mib`-MiB float32
     sum with `threads` torch threads, in a fresh process: the median of 7."""
-    proc = subprocess.run([sys.executable, "-c", _BANDWIDTH_SCRIPT, str(threads), str(mib)],
-                          capture_output=True, text=True, timeout=300, check=True)
-    return float(json.loads(proc.stdout.strip().splitlines()[-1])["gb_per_s"])
+    return float(_run_script(_BANDWIDTH_SCRIPT, threads, mib, timeout=300)["gb_per_s"])
+
+
+def _run_script(script: str, *args, timeout: float) -> dict:
+    """Run a measurement `script` in a fresh Python process (its own threads,
+    nothing of this process's allocations) and read the JSON of its last line."""
+    proc = subprocess.run([sys.executable, "-c", script, *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 _LINEARS_SCRIPT = r"""
@@ -313,10 +319,7 @@ def decode_linears_ms(shapes: list[tuple[int, int]], threads: int, steps: int = 
     `ms_min` over `steps` steps, and the weight `bytes` they read. What the
     engine's forward pass cannot beat with these kernels, however little else
     it does."""
-    proc = subprocess.run([sys.executable, "-c", _LINEARS_SCRIPT, json.dumps(shapes),
-                           str(threads), str(steps)],
-                          capture_output=True, text=True, timeout=600, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _run_script(_LINEARS_SCRIPT, json.dumps(shapes), threads, steps, timeout=600)
 
 
 def weight_bytes(model_dir: str | Path) -> int:

@@ -102,20 +102,21 @@ class ModelFacts:
     def linear_parameters(self) -> int:
         """Weights of the decoder layers' projections (q, k, v, o, gate, up,
         down): what AWQ, GPTQ and FP8 checkpoints quantize."""
+        return sum(n * k for n, k in self._layer_shapes()) * self.num_hidden_layers
+
+    def _layer_shapes(self) -> list[tuple[int, int]]:
+        """(out_features, in_features) of one decoder layer's projections as vLLM
+        fuses them: q/k/v, o, gate/up, down."""
         h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, \
             self.num_key_value_heads * self.head_dim
-        per_layer = h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size
-        return per_layer * self.num_hidden_layers
+        return [(q + 2 * kv, h), (h, q), (2 * self.intermediate_size, h),
+                (h, self.intermediate_size)]
 
     def decode_linear_shapes(self) -> list[tuple[int, int]]:
         """(out_features, in_features) of every matrix one decode step multiplies
-        by, in order, as vLLM lays a Llama-style model out: per layer the fused
-        q/k/v, o, the fused gate/up and down projections, then the LM head."""
-        h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, \
-            self.num_key_value_heads * self.head_dim
-        layer = [(q + 2 * kv, h), (h, q), (2 * self.intermediate_size, h),
-                 (h, self.intermediate_size)]
-        return layer * self.num_hidden_layers + [(self.vocab_size, h)]
+        by, in order, as vLLM lays a Llama-style model out: each layer's
+        projections (`_layer_shapes`), then the LM head."""
+        return self._layer_shapes() * self.num_hidden_layers + [(self.vocab_size, self.hidden_size)]
 
     def counted_parameters(self) -> int:
         """Parameters of a Llama/Qwen2-style decoder from its geometry:
