@@ -53,7 +53,10 @@ class Arm:
     of flags that vLLM only accepts together (declared, so still checked).
     ``None`` for the plan's baseline arm. ``optional`` arms (e.g. a format this
     CPU may not run) are skipped with a note when their server fails to start;
-    any other arm's failure stops the notebook."""
+    any other arm's failure stops the notebook. A ``fresh`` arm's engine is
+    always a process of the notebook's own that has served nothing (03 times
+    the first request after a start): the run's broker never lends it one, so
+    a run plans no shared engine for it (`runall.planned_keys`)."""
     name: str
     flags: Mapping[str, Any] = field(default_factory=dict)
     role: str | None = None
@@ -62,6 +65,7 @@ class Arm:
     reference: str | None = None
     title: str = ""
     optional: bool = False
+    fresh: bool = False
 
     @property
     def key(self) -> str:
@@ -215,7 +219,8 @@ class Plan:
             change = (f"{a.knob if isinstance(a.knob, str) else '+'.join(a.knob)} vs {ref.name}"
                       if ref else "baseline")
             flags = a.key if a.key != "baseline" else "the profile's flags only"
-            lines.append(f"  {a.name}: {change}; {flags}")
+            fresh = "; a new engine of its own each time" if a.fresh else ""
+            lines.append(f"  {a.name}: {change}; {flags}{fresh}")
         lines += [f"  alive together: {' + '.join(g)}" for g in self.together]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)

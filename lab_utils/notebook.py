@@ -296,7 +296,9 @@ class NotebookContext:
         a = self.plan.arm(arm) if self.plan is not None else arm
         if not isinstance(a, Arm):
             raise ConfigError(f"{self.name} has no plan: pass plan= to lab.setup")
+        shared = self.engines.shared
         try:
+            self.engines.shared = shared and not a.fresh  # a fresh arm's is never lent
             return self.engine(a.role, env=a.env or None, **dict(a.flags))
         except ArmUnavailable as exc:
             self.skip(a, str(exc))
@@ -306,6 +308,8 @@ class NotebookContext:
             from .vllm_logs import root_cause
             self.engines.close()  # a server that failed to start leaves nothing behind
             self.skip(a, f"its server did not start: {root_cause(str(exc)) or exc}")
+        finally:
+            self.engines.shared = shared
         return None
 
     def arms_together(self, names: Sequence[str], needs: str) -> dict[str, Any]:

@@ -178,7 +178,8 @@ def planned_keys(paths: Sequence[Path], profile, params: Mapping[str, Mapping] |
     """Each notebook with the configuration keys its declared plan starts on
     `profile` (`lab_utils.plan.check_notebook`), in run order. A notebook whose
     plan cannot be derived ahead (it reads an earlier notebook's findings)
-    plans nothing: its engines start and stop as without a broker."""
+    plans nothing: its engines start and stop as without a broker; nor does a
+    `fresh` arm (never lent), so no idle engine waits for it."""
     from . import plan as checker
     from .engine_lease import config_key
     out = []
@@ -187,7 +188,7 @@ def planned_keys(paths: Sequence[Path], profile, params: Mapping[str, Mapping] |
         with contextlib.suppress(Exception):
             check = checker.check_notebook(Path(path), profile, None,
                                            dict((params or {}).get(Path(path).stem, {})))
-            keys = [config_key(e.command) for e in check.engines]
+            keys = [config_key(e.command) for e in check.engines if not e.arm.fresh]
         out.append((Path(path).stem, keys))
     return out
 

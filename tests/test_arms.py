@@ -127,3 +127,24 @@ def test_arms_that_must_run_together_skip_the_notebook_naming_the_missing_one(tm
     with pytest.raises(NotebookSkipped, match=r"both arms; \['fp8'\] cannot run.*auto"):
         ctx.arms_together(plan.names, "nb needs both arms")
     assert list(ctx.arms_together(["base"], "nb needs base")) == ["base"]
+
+
+def test_a_fresh_arm_is_never_asked_of_the_runs_broker(tmp_path, remote):
+    """A `fresh` arm's engine starts in the notebook's own pool (shared off
+    for that start only); any other arm may be lent by the run's broker."""
+    from lab_utils.notebook import NotebookContext
+    from lab_utils.results import Results
+    seen = []
+
+    class Pool(EnginePool):
+        def get(self, *a, **k):
+            seen.append(self.shared)
+            return super().get(*a, **k)
+
+    plan = Plan("nb", (Arm("base"), Arm("cold", {"max_num_seqs": 4}, knob="max_num_seqs",
+                                         fresh=True)))
+    ctx = NotebookContext("nb", remote, Pool(remote), Results("nb", tmp_path, "remote"), {}, plan)
+    for name in ("base", "cold", "base"):
+        ctx.arm(name)
+    assert seen == [True, False, True]
+    assert "a new engine of its own each time" in plan.describe().splitlines()[2]

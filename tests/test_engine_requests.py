@@ -1,7 +1,12 @@
 """Requests against one real vLLM CPU engine shared by this module (marked
-`engine`): streamed timings and token counts, exact output lengths, counters,
-and a client hanging up through the lab's app. One start serves them all; the
-tests that start, stop or kill an engine (test_engine_lifecycle.py) start their own."""
+`engine`), started with VLLM_SERVER_DEV_MODE=1 and --max-num-seqs 8: streamed
+timings and token counts, exact output lengths, counters, a client hanging up
+through the lab's app, and the remote route with this engine as the "remote"
+server (what `lab_utils.remote` reads must be what the engine was started with;
+the emulated "prefix caching off", a fresh cache_salt per request, must keep
+vLLM's own hit counter at 0 where the same requests hit without it). One start
+serves them all; the tests that start, stop or kill an engine
+(test_engine_lifecycle.py) start their own."""
 from __future__ import annotations
 
 import os
@@ -10,7 +15,9 @@ import pytest
 
 import lab_utils as lab
 from lab_utils.app import AppServer
-from lab_utils.server import lab_server_processes
+from lab_utils.counters import scrape
+from lab_utils.remote import read_server
+from lab_utils.server import EnginePool, lab_server_processes
 
 pytestmark = pytest.mark.engine
 
@@ -27,7 +34,7 @@ def profile():
 @pytest.fixture(scope="module")
 def engine(profile, tmp_path_factory):
     with lab.EnginePool(profile, log_dir=tmp_path_factory.mktemp("logs")) as pool:
-        yield pool.get()
+        yield pool.get(env={"VLLM_SERVER_DEV_MODE": "1"}, max_num_seqs=8)
     assert _mine() == [], "the shared engine left processes behind"
 
 
@@ -86,3 +93,35 @@ def test_hang_up_through_the_app_aborts_the_generation(engine, tmp_path):
     # The app is gone; the module's engine still serves.
     assert [p for p in _mine() if p[0] in started] == []
     assert engine.server.alive
+
+
+# The remote route, with this engine as the "remote" server
+
+def test_what_the_server_tells_is_what_it_was_started_with(engine):
+    info = read_server(engine.base_url)
+    known = info.known()
+    assert known["max_num_seqs"] == 8                        # --max-num-seqs 8
+    assert known["max_model_len"] == 4096                    # the cpu profile's --max-model-len
+    assert known["scheduling_policy"] == "fcfs" and known["speculative_config"] is None
+    assert known["enable_prefix_caching"] is True and info.model == engine.model
+    assert known["block_size"] == int(engine.info["cache_config"]["block_size"])
+
+
+def test_emulated_off_never_hits_where_the_same_requests_do(engine, monkeypatch):
+    monkeypatch.delenv("LAB_REMOTE_ARMS", raising=False)
+    pool = EnginePool(lab.load_profile("remote", base_url=engine.base_url))
+    off = pool.get(enable_prefix_caching=False)
+    on = pool.get(enable_prefix_caching=True)
+    assert off.emulation.name == "cache_salt" and on.emulation is None
+    tok = lab.tokenizer_for(engine)
+    block = int(engine.info["cache_config"]["block_size"])
+    prompt = lab.synthetic_specs(tok, 1, 3 * block, max_tokens=2)[0].prompt
+    specs = [lab.RequestSpec(prompt=prompt, max_tokens=2) for _ in range(3)]
+
+    def hits(arm) -> float:
+        before = scrape(engine.base_url).counters["prefix_cache_hits"]
+        run = lab.Client.for_engine(arm).run(specs, lab.Load.sequential(), progress=False)
+        assert all(r.ok for r in run.records), [r.error for r in run.records]
+        return scrape(engine.base_url).counters["prefix_cache_hits"] - before
+    assert hits(off) == 0
+    assert hits(on) >= 2 * 2 * block  # the 2nd and 3rd request hit at least 2 full blocks

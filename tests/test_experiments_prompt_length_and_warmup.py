@@ -243,8 +243,11 @@ def test_cold_starts_restart_the_same_arm_and_alternate_the_routine(monkeypatch)
     asked, closed = [], []
     engine = _Engine()
     engine.server = _Server("unused.log")
-    ctx = SimpleNamespace(arm=lambda name: asked.append(name) or engine,
-                          engines=SimpleNamespace(close=lambda: closed.append(1)))
+    from lab_utils.arms import Arm, Plan
+    from lab_utils.profiles import ConfigError, load_profile
+    ctx = SimpleNamespace(arm=lambda name: asked.append(name) or engine, name="03",
+                          engines=SimpleNamespace(close=lambda: closed.append(1)),
+                          plan=pw.plan(load_profile("cpu"), {}))
     monkeypatch.setattr(pw, "startup_timeline", lambda e: pd.DataFrame({"event": ["up"]}))
     monkeypatch.setattr(pw, "warm_up", lambda e, prefixes, **kw: pd.DataFrame({"kv_blocks": [0]}))
     monkeypatch.setattr(pw, "first_requests", lambda e, n, *, start, arm, results: pd.DataFrame(
@@ -254,3 +257,7 @@ def test_cold_starts_restart_the_same_arm_and_alternate_the_routine(monkeypatch)
     assert requests.arm.tolist() == ["no warm-up", "warm-up routine", "no warm-up"]
     assert len(timelines) == 3 and [w.start.iloc[0] for w in warmups] == [2]
     assert "launched_at" in engine.info and "ready_at" in engine.info
+    ctx.plan = Plan("03", (Arm(pw.CACHE_ON, {"enable_prefix_caching": True}),))
+    with pytest.raises(ConfigError, match="not declared fresh"):  # a broker could lend it
+        pw.fresh_engine(ctx, pw.CACHE_ON)
+    assert len(asked) == 3

@@ -8,6 +8,7 @@ import streams
 
 from lab_utils.paths import NOTEBOOKS_DIR
 from lab_utils.profiles import load_profile
+from lab_utils.engine_lease import config_key
 from lab_utils.runall import planned_keys, run_params
 
 
@@ -46,10 +47,12 @@ def test_exit_status(codes, status):
 
 
 def test_the_driver_shows_both_streams_and_fails_when_one_fails(tmp_path, capfd):
-    (tmp_path / "test_good.py").write_text("def test_ok():\n    assert True\n")
+    (tmp_path / "test_good.py").write_text(  # side by side, engines would not spin
+        "import os\ndef test_ok():\n    assert os.environ['LAB_SHARED_CORES'] == '1'\n")
     (tmp_path / "test_bad.py").write_text("def test_no():\n    assert 1 == 2\n")
     plan = {"one": [str(tmp_path / "test_good.py")], "two": [str(tmp_path / "test_bad.py")]}
-    (tmp_path / "test_last.py").write_text("def test_last():\n    assert True\n")
+    (tmp_path / "test_last.py").write_text(  # alone: nothing else runs beside it
+        "import os\ndef test_last():\n    assert 'LAB_SHARED_CORES' not in os.environ\n")
     status = streams.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
                           plan=plan, then={"last": [str(tmp_path / "test_last.py")]})
     out = capfd.readouterr().out
@@ -57,3 +60,20 @@ def test_the_driver_shows_both_streams_and_fails_when_one_fails(tmp_path, capfd)
     assert "[one] 1 passed" in out and "[two] 1 failed" in out, out
     assert "stream two: exit status 1" in out and "stream one: exit status 0" in out
     assert "[last] 1 passed" in out, "the phase after the streams did not run"
+
+
+def test_a_run_keeps_no_engine_idle_for_a_notebook_that_starts_its_own(tmp_path):
+    """03 times first requests after a start: its arms are `fresh`, so its plan
+    asks the broker for nothing, though 02 starts the very same two
+    configurations (which the broker would otherwise keep idle through 03)."""
+    from lab_utils.experiments import prompt_length_and_warmup as pw
+    from lab_utils.plan import check_notebook
+    cpu = load_profile("cpu")
+    paths = [NOTEBOOKS_DIR / f"{n}.ipynb" for n in ("02_prefix_caching",
+                                                    "03_prompt_length_and_warmup")]
+    params = {p.stem: run_params(cpu, p, smoke=True, results_dir=str(tmp_path)) for p in paths}
+    demand = dict(planned_keys(paths, cpu, params))
+    assert all(a.fresh for a in pw.plan(cpu, params[paths[1].stem]).arms)
+    assert demand["03_prompt_length_and_warmup"] == [] and len(demand["02_prefix_caching"]) == 2
+    own = check_notebook(paths[1], cpu, None, dict(params[paths[1].stem]))
+    assert {config_key(e.command) for e in own.engines} == set(demand["02_prefix_caching"])

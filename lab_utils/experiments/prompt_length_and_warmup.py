@@ -20,6 +20,7 @@ import pandas as pd
 from .. import arms
 from ..client import Load, RequestSpec, Run
 from ..counters import block_size_of, prefix_caching_of
+from ..errors import ConfigError
 from ..metrics import summarize
 from ..results import Results, measure
 from ..vllm_logs import latest_start, log_after_startup, startup_events
@@ -48,10 +49,10 @@ def plan(profile, params) -> arms.Plan:
     one flag. The cold-start experiment starts the "on" arm afresh
     `fresh_starts` times (`fresh_engine`): the same engine, a new process."""
     return arms.Plan("03_prompt_length_and_warmup", (
-        arms.Arm(CACHE_OFF, {"enable_prefix_caching": False},
+        arms.Arm(CACHE_OFF, {"enable_prefix_caching": False}, fresh=True,
                  title="prefix cache off: every request prefills its whole prompt"),
         arms.Arm(CACHE_ON, {"enable_prefix_caching": True}, knob="enable_prefix_caching",
-                 title="prefix cache on (vLLM's default)")))
+                 fresh=True, title="prefix cache on (vLLM's default)")))
 
 
 # --------------------------------------------------------------------------
@@ -136,13 +137,12 @@ def fresh_engine(ctx, arm: str):
     notebook is stopped first, so it is a new process that has served
     nothing; its launch and ready times go to `engine.info["launched_at"]` /
     `["ready_at"]` (ISO text). None (noted) when the target cannot serve it."""
+    if ctx.plan is not None and not ctx.plan.arm(arm).fresh:
+        raise ConfigError(f"arm {arm!r} of {ctx.name} is not declared fresh=True: "
+                          "the run's broker could lend it an engine that has served")
     ctx.engines.close()
     launched = _dt.datetime.now()
-    ctx.engines.shared = False  # never an engine the run's broker lends: it has served
-    try:
-        engine = ctx.arm(arm)
-    finally:
-        ctx.engines.shared = True
+    engine = ctx.arm(arm)  # a fresh arm: never an engine the run's broker lends
     if engine is not None:
         engine.info["launched_at"] = launched.isoformat(timespec="seconds")
         engine.info["ready_at"] = _dt.datetime.now().isoformat(timespec="seconds")
