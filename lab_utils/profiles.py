@@ -68,8 +68,7 @@ class Profile:
     def server_env(self, extra: Mapping[str, str] | None = None,
                    flags: Mapping[str, Any] | None = None) -> dict[str, str]:
         """The environment a local server of this profile starts with: the
-        `cpu_binding` variables, `LAB_CPU_ISA`'s (`cpu_tuning.isa_env`) and
-        `LAB_SHARED_CORES`'s (`cpu_tuning.shared_cores_env`), then the
+        `cpu_binding` variables, `LAB_CPU_ISA`'s (`cpu_tuning.isa_env`), then the
         profile's [env], then `extra` (a per-engine override such as
         VLLM_CPU_OMP_THREADS_BIND wins); with `cpu_binding.in_process` the
         worker runs inside the engine-core process where that binding gives it
@@ -81,9 +80,7 @@ class Profile:
             env.update(profile_binding_env(self.cpu_binding))
         if self.device == "cpu" and not self.is_remote:
             from .cpu_tuning import isa_env  # LAB_CPU_ISA=avx2: run as on an AVX2-only CPU
-            from .cpu_tuning import shared_cores_env  # LAB_SHARED_CORES=1: make test's streams
             env.update(isa_env())
-            env.update(shared_cores_env())
         env = {**env, **self.env, **{str(k): str(v) for k, v in (extra or {}).items()}}
         if self.cpu_binding.get("in_process"):
             # after the overrides: an engine bound to a share of the cores keeps

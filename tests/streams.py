@@ -19,10 +19,7 @@ holds notebooks that plan no engine another notebook plans
 (tests/test_streams.py checks it against `runall.planned_keys`). They run
 before `tests/` so that 12_checklist, late in the other stream, finds their
 results. Measurements of the two streams share the cores; the tests assert
-mechanisms, never latencies (`make run` runs one notebook at a time). So the
-streams run with LAB_SHARED_CORES=1: their engines' OpenMP threads sleep at
-barriers instead of spinning on the cores the other stream needs
-(`lab_utils.cpu_tuning.shared_cores_env`; it shows in each engine's command).
+mechanisms, never latencies (`make run` runs one notebook at a time).
 
 Each line a stream prints is shown prefixed with its name as soon as it is
 complete (a pytest line per file: per notebook, one line when it ends). The
@@ -46,7 +43,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from lab_utils.cpu_tuning import SHARED_CORES_ENV  # noqa: E402
 from lab_utils.paths import NOTEBOOKS_DIR, notebooks  # noqa: E402
 from lab_utils.server import die_with_parent  # noqa: E402
 
@@ -112,10 +108,6 @@ def _run(plan: dict[str, list[str]], args: list[str], t0: float) -> list[int] | 
     """Run `plan`'s pytest processes side by side; their exit statuses, or
     None if interrupted (each got one SIGINT and was waited for)."""
     lock = threading.Lock()
-    # Side by side, each stream's engines share the cores with the other's work:
-    # their OpenMP threads sleep instead of spinning (cpu_tuning.shared_cores_env).
-    env = {k: v for k, v in os.environ.items() if k != SHARED_CORES_ENV}
-    env.update({"PYTHONUNBUFFERED": "1", **({SHARED_CORES_ENV: "1"} if len(plan) > 1 else {})})
     procs: dict[str, subprocess.Popen] = {}
     pumps = []
     ended: dict[str, float] = {}
@@ -125,7 +117,7 @@ def _run(plan: dict[str, list[str]], args: list[str], t0: float) -> list[int] | 
             proc = subprocess.Popen(
                 [sys.executable, "-u", "-m", "pytest", *paths, *args], cwd=REPO,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                env=env, preexec_fn=die_with_parent)
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent)
             procs[name] = proc
             pumps.append(threading.Thread(target=_pump, args=(name, proc, lock), daemon=True))
             pumps[-1].start()

@@ -117,28 +117,11 @@ def test_a_missing_library_names_its_fix(monkeypatch):
     assert any("libtcmalloc-minimal4" in str(w.message) for w in caught)
 
 
-def test_profile_env_precedence(cpu, monkeypatch):
-    monkeypatch.delenv(cpu_tuning.SHARED_CORES_ENV, raising=False)  # make test's streams set it
+def test_profile_env_precedence(cpu):
     p = dataclasses.replace(cpu, cpu_binding={"bind": "all"}, env={"VLLM_CPU_KVCACHE_SPACE": "2"})
     env = p.server_env({"VLLM_CPU_OMP_THREADS_BIND": "1"})   # a per-engine override wins
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert dataclasses.replace(cpu, cpu_binding={}).server_env() == dict(cpu.env)
-
-
-def test_engines_beside_other_work_sleep_instead_of_spinning(cpu, monkeypatch):
-    """LAB_SHARED_CORES=1 (make test's two streams): a local CPU engine's OpenMP
-    threads wait passively; never a remote or GPU server's, never without it."""
-    from lab_utils.profiles import load_profile
-    monkeypatch.delenv(cpu_tuning.SHARED_CORES_ENV, raising=False)
-    assert "OMP_WAIT_POLICY" not in cpu.server_env()
-    monkeypatch.setenv(cpu_tuning.SHARED_CORES_ENV, "1")
-    assert cpu.server_env()["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert cpu.server_env({"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
-    assert "OMP_WAIT_POLICY" not in load_profile("gpu").server_env()
-    # the setting acts only where torch's intra-op threads are OpenMP's (not TBB's)
-    import torch
-    info = torch.__config__.parallel_info()
-    assert any(line.startswith("OpenMP ") for line in info.splitlines()), info
 
 
 def test_profile_rejects_bad_binding_keys(tmp_path):

@@ -42,6 +42,7 @@ def test_a_returned_engine_stays_only_while_a_later_notebook_plans_it():
     assert b.release("K2", 2) == {"kept": True}    # a itself may ask for it again
     k3 = lent(b, "K3", 3, "b")                     # b runs: no notebook from b on plans K2
     assert (k1.stopped, k2.stopped) == (False, True)
+    assert b.dropped == []                         # not a lost reuse: nothing plans K2 any more
     assert b.release("K3", 3) == {"kept": True}
     b._seen("c")
     b._trim()                                      # c runs: only K1 is planned from c on
@@ -61,6 +62,8 @@ def test_over_the_idle_cap_the_engine_needed_latest_stops():
     assert b.release("K2", 2)["kept"]
     assert k1.stopped and not k2.stopped
     assert [e.key for e in b._engines] == ["K2"]
+    assert [(d["key"], d["planned_by"], d["reason"]) for d in b.describe()["dropped"]] == [
+        ("K1", "d", "more than 1 idle")]
 
 
 def test_unknown_notebooks_and_no_demand_keep_nothing():
@@ -126,3 +129,5 @@ def test_short_of_memory_the_idle_engine_needed_latest_stops_first(monkeypatch):
     b._seen("b")
     b._trim()                           # short: K1 (next needed by c) goes, K2 (b) stays
     assert k1.stopped and not k2.stopped
+    assert b.describe()["dropped"] == [{"key": "K1", "uses": ["a"], "planned_by": "c",
+                                        "while": "b", "reason": "memory: 10% available, under 25%"}]
