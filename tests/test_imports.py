@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import lab_utils
 
 PACKAGE = Path(lab_utils.__file__).parent
@@ -102,3 +104,24 @@ def test_experiment_modules_import_only_the_shared_package():
                       if name.startswith(EXPERIMENTS + ".")
                       for target in targets if target.startswith(EXPERIMENTS + "."))
     assert not crossing, "experiment modules importing each other: " + ", ".join(crossing)
+
+
+def test_the_setup_compiled_what_every_engine_process_imports():
+    """`make setup` installs with pip's --no-compile and compiles site-packages
+    itself, on every core: each of an engine's three processes must find the
+    bytecode of vLLM, torch and transformers cached (PYTHONDONTWRITEBYTECODE may
+    keep Python from writing it later, and compiling costs every start)."""
+    import importlib.util
+    import sys
+    if not (Path(sys.prefix) / ".lab-installed").exists():
+        pytest.skip("not the venv `make setup` built")
+    files = []
+    for package, module in (("vllm", "v1/engine/core.py"), ("vllm", "__init__.py"),
+                            ("torch", "__init__.py"), ("torch", "_dynamo/utils.py"),
+                            ("transformers", "__init__.py")):
+        spec = importlib.util.find_spec(package)   # a top-level package: found, not imported
+        assert spec is not None and spec.submodule_search_locations, package
+        files.append(Path(spec.submodule_search_locations[0]) / module)
+    missing = [str(f) for f in files
+               if not Path(importlib.util.cache_from_source(str(f))).is_file()]
+    assert not missing, f"no cached bytecode for {missing}: run `make setup` again"

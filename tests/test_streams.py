@@ -24,6 +24,18 @@ def test_every_notebook_runs_in_exactly_one_stream():
     assert streams.FINDINGS in streams.streams()["notebooks"]
 
 
+def test_every_test_file_runs_in_exactly_one_stream():
+    plan = streams.streams()
+    tests_dir = NOTEBOOKS_DIR.parent / "tests"
+    for moved in streams.FIRST:
+        assert (NOTEBOOKS_DIR.parent / moved).is_file(), f"{moved} was renamed"
+        assert moved in plan["notebooks"] and f"--ignore={moved}" in plan["tests"]
+    ignored = {a.removeprefix("--ignore=") for a in plan["tests"] if a.startswith("--ignore=")}
+    assert ignored == {*streams.FIRST, streams.ALONE}
+    assert {str(p.relative_to(NOTEBOOKS_DIR.parent)) for p in tests_dir.glob("test_*.py")} \
+        >= ignored
+
+
 def test_the_second_streams_notebooks_plan_no_engine_the_first_stream_starts(tmp_path):
     cpu = load_profile("cpu")
     paths = sorted(NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))

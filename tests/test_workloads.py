@@ -1,6 +1,7 @@
 """Prompts: exact-length synthetic text with a stand-in tokenizer (and the
 real SmolLM2 tokenizer when its folder exists), and the shipped datasets."""
 import itertools
+import json
 import time
 from pathlib import Path
 
@@ -132,6 +133,40 @@ def test_real_synthetic_specs(real_tok):
     ids = [real_tok.encode(s.prompt) for s in specs]
     assert ids[0][:96] == ids[1][:96]
     assert all(abs(len(i) - 128) <= 2 for i in ids)
+
+
+@needs_model
+def test_the_fast_tokenizer_gives_what_transformers_gives():
+    """local_tokenizer reads tokenizer.json without transformers; the ids and
+    the text must be transformers' own, on the shipped texts and on the
+    special tokens' spelling."""
+    from transformers import AutoTokenizer
+    assert workloads._tokenizer_json(Path(MODEL_DIR)) is not None, "the fast path is taken"
+    ref = AutoTokenizer.from_pretrained(str(MODEL_DIR))
+    fast = workloads.local_tokenizer.__wrapped__(str(MODEL_DIR))
+    texts = [d["text"] for d in workloads.long_documents()[:4]]
+    texts += [p["instruction"] + "\n```" + p["language"] + "\n" + p["code"] + "\n```"
+              for p in workloads.code_edit_prompts()[:3]]
+    texts += ["<|im_start|>user\nHi<|im_end|>", "  two  spaces, tabs\t\tand é, 東京, 🙂 .", ""]
+    for text in texts:
+        ids = ref(text, add_special_tokens=False).input_ids
+        assert fast.encode(text) == ids
+        assert fast.decode(ids) == ref.decode(ids)
+    cut = ref(texts[0], add_special_tokens=False).input_ids[3:40]   # a cut inside words
+    assert fast.decode(cut) == ref.decode(cut)
+
+
+def test_the_fast_tokenizer_is_not_taken_where_transformers_would_differ(tmp_path):
+    assert workloads._tokenizer_json(tmp_path) is None                 # no tokenizer.json
+    if not (Path(MODEL_DIR) / "tokenizer.json").is_file():
+        pytest.skip(f"no converted model at {MODEL_DIR}")
+    (tmp_path / "tokenizer.json").write_bytes((Path(MODEL_DIR) / "tokenizer.json").read_bytes())
+    assert workloads._tokenizer_json(tmp_path) is not None             # no config: as transformers
+    for config in ({"clean_up_tokenization_spaces": True}, {"tokenizer_class": "LlamaTokenizer"}):
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+        assert workloads._tokenizer_json(tmp_path) is None, config
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GPT2TokenizerFast"}))
+    assert workloads._tokenizer_json(tmp_path) is not None
 
 
 # --------------------------------------------------------------------------
