@@ -1,8 +1,15 @@
 """Session-wide check: after the tests and notebooks ran, no vLLM engine or app
-process started by the lab may outlive the process that started it."""
+process started by the lab may outlive the process that started it.
+
+A session started with SIGINT ignored (a background job of a shell without job
+control, e.g. `nohup make test &` inside a script) gets Python's Ctrl-C handler
+back: the tests that interrupt a start, a run or a router send SIGINT and
+expect what a terminal's Ctrl-C does, and every process they start inherits
+SIGINT's default instead of "ignored"."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -12,6 +19,9 @@ from fake_vllm import FakeVLLM
 
 from lab_utils.profiles import load_profile
 from lab_utils.server import orphan_servers
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="module")

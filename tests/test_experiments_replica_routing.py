@@ -54,7 +54,7 @@ def test_plan_refuses_what_cannot_show_anything(cpu, gpu):
 
 
 def test_byte_budget_profile_drops_the_cpu_override(cpu, monkeypatch):
-    assert cpu.env.get(CPU_KV_ENV) == "2"             # lab_utils/profiles/cpu.toml
+    assert cpu.env.get(CPU_KV_ENV) == "1"             # lab_utils/profiles/cpu.toml
     monkeypatch.delenv(CPU_KV_ENV, raising=False)
     kept = byte_budget_profile(cpu)
     assert CPU_KV_ENV not in kept.env

@@ -38,7 +38,7 @@ def test_cpu_profile_fields(cpu):
     assert (cpu.kind, cpu.device, cpu.model) == ("local", "cpu", "embedded")
     assert cpu.served_model_name == "smollm2-135m"
     assert not cpu.is_remote
-    assert dict(cpu.env) == {"VLLM_CPU_KVCACHE_SPACE": "2"}
+    assert dict(cpu.env) == {"VLLM_CPU_KVCACHE_SPACE": "1"}
     assert dict(cpu.engine) == {"dtype": "float32", "enforce_eager": True, "max_model_len": 4096,
                                 "enable_prompt_tokens_details": True}
 
@@ -248,7 +248,7 @@ def test_display_command(cpu):
                                                     "prompt_lookup_max": 3}},
                        port=8123, model="/m", python="/venv/bin/python", validate=False)
     line = display_command(argv, cpu.env)
-    assert line.startswith("VLLM_CPU_KVCACHE_SPACE=2 vllm serve /m --host 127.0.0.1 --port 8123 "
+    assert line.startswith("VLLM_CPU_KVCACHE_SPACE=1 vllm serve /m --host 127.0.0.1 --port 8123 "
                            "--served-model-name smollm2-135m --dtype float32 --enforce-eager ")
     assert line.endswith("""--speculative-config '{"method":"ngram","num_speculative_tokens":2,"""
                          """"prompt_lookup_max":3}'""")

@@ -8,7 +8,7 @@ more tokens in the same bytes: 4x on the cpu profile, whose model runs in
 float32 (4 bytes per KV element against 1).
 
 Why the lab's profile cannot simply pass `--kv-cache-memory-bytes`: on vLLM's
-CPU build, `VLLM_CPU_KVCACHE_SPACE` (set to 2 GiB in the cpu profile's env)
+CPU build, `VLLM_CPU_KVCACHE_SPACE` (set to 1 GiB in the cpu profile's env)
 overwrites `cache_config.kv_cache_memory_bytes` in `platforms/cpu.py`, so the
 flag is silently ignored while the variable is set, and the variable takes
 whole GiB only (`int(...)`; an empty value crashes the worker, which parses it
@@ -321,7 +321,7 @@ def predicted_table(profile: Profile, budget_bytes: int, max_model_len: int,
                     ) -> pd.DataFrame:
     """Before any engine starts: tokens, maximum concurrency (and requests of the
     pressure shape that fit) per arm at this budget and at the profile's own
-    2 GiB cpu default. Empty when the model or its dtype is not known locally."""
+    1 GiB cpu default. Empty when the model or its dtype is not known locally."""
     model_dtype = str(profile.engine.get("dtype", "auto"))
     geometry = None if profile.is_remote else kv_geometry(profile.model_for())
     if geometry is None or model_dtype.lower() not in ELEMENT_BYTES:
