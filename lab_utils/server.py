@@ -91,6 +91,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+#: Ports an engine start tries, each picked free, before it gives up.
+PORT_ATTEMPTS = 3
+
+
+class PortInUse(ConfigError):
+    """The server's port was taken before it started."""
+
+
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -133,7 +141,7 @@ class VLLMServer(ServerView):
         if self.alive:
             return self
         if port_in_use(self.port, self.host):
-            raise ConfigError(f"port {self.port} on {self.host} is already in use: stop what "
+            raise PortInUse(f"port {self.port} on {self.host} is already in use: stop what "
                               "holds it or let the lab pick a free port (port=None)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         path = self.env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))  # e.g. LAB_CPU_ISA's shim
@@ -394,22 +402,32 @@ class EnginePool:
         while len(running) >= self.keep:
             self._engines.pop(running.pop(0)).server.stop()
         model_path = p.model_for(role)
-        port = free_port()
-        argv = engine_argv(p, flags, port=port, model=model_path)
-        digest = hashlib.sha1(" ".join(argv[4:]).encode()).hexdigest()[:8]
-        self._starts += 1  # a fresh start with the same flags gets its own log
-        log_path = self.log_dir / f"vllm-{self._starts:02d}-{digest}.log"
         from . import engine_lease
-        if self.shared and engine_lease.broker_url():
-            server = engine_lease.acquire(argv, p.server_env(env, flags), log_path,
-                                          notebook=self.log_dir.name,
-                                          startup_timeout_s=p.startup_timeout_s,
-                                          served_model_name=p.served_model_name)
-        else:
+        # The free port is picked before the flags are checked (the first check
+        # reads vLLM's options in a subprocess, seconds): another process may
+        # take it meanwhile (make test's other stream once did, as the source
+        # port of a connection), so a start whose picked port is taken picks again.
+        for attempt in range(PORT_ATTEMPTS):
+            port = free_port()
+            argv = engine_argv(p, flags, port=port, model=model_path)
+            digest = hashlib.sha1(" ".join(argv[4:]).encode()).hexdigest()[:8]
+            self._starts += 1  # a fresh start with the same flags gets its own log
+            log_path = self.log_dir / f"vllm-{self._starts:02d}-{digest}.log"
+            if self.shared and engine_lease.broker_url():
+                server = engine_lease.acquire(argv, p.server_env(env, flags), log_path,
+                                              notebook=self.log_dir.name,
+                                              startup_timeout_s=p.startup_timeout_s,
+                                              served_model_name=p.served_model_name)
+                break
             server = VLLMServer(argv, port=port, log_path=log_path, env=p.server_env(env, flags),
                                 startup_timeout_s=p.startup_timeout_s,
                                 served_model_name=p.served_model_name)
-            server.start()
+            try:
+                server.start()
+                break
+            except PortInUse:
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
         name = p.served_model_name or model_path
         return Engine(p, dict(flags), server.base_url, name, model_path=model_path,
                       server=server, info={"cache_config": cache_config(server.base_url)})

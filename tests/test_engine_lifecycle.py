@@ -105,3 +105,34 @@ def test_missing_model_path_fails_fast(tmp_path):
     bad = dataclasses.replace(profile, model=str(tmp_path / "no-such-model"))
     with pytest.raises(lab.ConfigError, match="does not exist"):
         lab.EnginePool(bad, log_dir=tmp_path).get()
+
+
+def test_a_start_whose_picked_port_was_taken_picks_another(profile, tmp_path, monkeypatch):
+    """The lab picks a free port, checks the flags (seconds, the first time), then
+    starts: a port another process took meanwhile (a connection's source port, in
+    make test) must not fail the start. The first pick here is a port held open."""
+    import socket
+
+    from lab_utils import server as srv
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        held = holder.getsockname()[1]
+        picks = iter([held, free_port()])
+        monkeypatch.setattr(srv, "free_port", lambda host="127.0.0.1": next(picks))
+        tried = []
+        real_start = VLLMServer.start
+
+        class Launched(Exception):
+            pass
+
+        def start(self):
+            tried.append(self.port)
+            if self.port == held:
+                return real_start(self)      # refuses: the port is in use
+            raise Launched(self.port)        # where the real start would launch vLLM
+        monkeypatch.setattr(VLLMServer, "start", start)
+        with lab.EnginePool(profile, log_dir=tmp_path) as pool, pytest.raises(Launched):
+            pool.get()
+    assert tried[0] == held and len(tried) == 2 and tried[1] != held
+    assert _mine() == []
