@@ -37,6 +37,14 @@ from .client import Load, RequestSpec
 DEFAULT_TARGET = 0.9
 
 
+#: The lightest rate of a sweep, as a share of the one-at-a-time rate: half,
+#: so an engine is idle about half the time there. GuideLLM's `sweep` starts
+#: its rates at the synchronous rate itself. At 0.2 (until 2026-12-03) the
+#: lightest rate's 8 requests took 58-68 s of 12_checklist's 444 s in a
+#: `make run` (2-core Zen 4 guest, 2 arms), the engine idle most of that time.
+LIGHT_LOAD = 0.5
+
+
 @dataclass(frozen=True)
 class Capacity:
     """Two measured points of one engine on one workload."""
@@ -59,7 +67,7 @@ class Capacity:
             raise ValueError(f"a share of capacity must be positive, got {share}")
         return share * self.max_rate
 
-    def rates(self, k: int, *, lowest: float = 0.2, beyond: float = 1.3) -> list[float]:
+    def rates(self, k: int, *, lowest: float = LIGHT_LOAD, beyond: float = 1.3) -> list[float]:
         """`k` rates, evenly spaced from `lowest` x the synchronous rate (or
         of saturation, whichever is lower: light load) to `beyond` x the
         saturation throughput (past the knee), rounded to 3 significant digits."""
@@ -78,7 +86,7 @@ class Capacity:
                 f" {self.requests} requests); measured in {self.seconds:.0f} s")
 
 
-def sweep_rates(capacities: Sequence[Capacity], k: int, *, lowest: float = 0.2,
+def sweep_rates(capacities: Sequence[Capacity], k: int, *, lowest: float = LIGHT_LOAD,
                 beyond: float = 1.3) -> list[float]:
     """One rate grid for several engines on the same workload (so their goodput
     curves share the x axis): `k` rates from `lowest` x the lowest light-load

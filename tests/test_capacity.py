@@ -56,7 +56,8 @@ def test_the_time_budget_cuts_the_saturation_run(fake):
 def test_rates_span_light_load_to_past_saturation():
     cap = Capacity(sync_e2e_s=0.5, max_rate=5.0, concurrency=8, requests=16, seconds=3)
     assert cap.sync_rate == 2.0
-    assert cap.rates(4) == [0.4, 2.43, 4.47, 6.5]        # 0.2 x 2 ... 1.3 x 5, evenly
+    assert cap.rates(4) == [1.0, 2.83, 4.67, 6.5]        # 0.5 x 2 ... 1.3 x 5, evenly
+    assert cap.rates(4, lowest=0.2) == [0.4, 2.43, 4.47, 6.5]
     assert cap.fraction(0.5) == 2.5
     with pytest.raises(ValueError):
         cap.rates(1)
@@ -93,8 +94,8 @@ def test_knee_ratio_and_its_interval():
 def test_one_grid_for_two_engines_spans_both():
     slow = Capacity(sync_e2e_s=1.0, max_rate=2.0, concurrency=8, requests=16, seconds=3)
     fast = Capacity(sync_e2e_s=0.5, max_rate=6.0, concurrency=8, requests=16, seconds=3)
-    # from 0.2 x 1 req/s (the slow one's idle rate) to 1.3 x 6 req/s (the fast one's throughput)
-    assert sweep_rates([slow, fast], 3) == [0.2, 4.0, 7.8]
+    # from 0.5 x 1 req/s (the slow one's idle rate) to 1.3 x 6 req/s (the fast one's throughput)
+    assert sweep_rates([slow, fast], 3) == [0.5, 4.15, 7.8]
     with pytest.raises(ValueError):
         sweep_rates([], 3)
 
