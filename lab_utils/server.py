@@ -403,31 +403,38 @@ class EnginePool:
             self._engines.pop(running.pop(0)).server.stop()
         model_path = p.model_for(role)
         from . import engine_lease
-        # The free port is picked before the flags are checked (the first check
-        # reads vLLM's options in a subprocess, seconds): another process may
-        # take it meanwhile (make test's other stream once did, as the source
-        # port of a connection), so a start whose picked port is taken picks again.
-        for attempt in range(PORT_ATTEMPTS):
+
+        def command() -> tuple[int, list[str], Path]:
             port = free_port()
             argv = engine_argv(p, flags, port=port, model=model_path)
             digest = hashlib.sha1(" ".join(argv[4:]).encode()).hexdigest()[:8]
             self._starts += 1  # a fresh start with the same flags gets its own log
-            log_path = self.log_dir / f"vllm-{self._starts:02d}-{digest}.log"
-            if self.shared and engine_lease.broker_url():
-                server = engine_lease.acquire(argv, p.server_env(env, flags), log_path,
-                                              notebook=self.log_dir.name,
-                                              startup_timeout_s=p.startup_timeout_s,
-                                              served_model_name=p.served_model_name)
-                break
-            server = VLLMServer(argv, port=port, log_path=log_path, env=p.server_env(env, flags),
-                                startup_timeout_s=p.startup_timeout_s,
-                                served_model_name=p.served_model_name)
-            try:
-                server.start()
-                break
-            except PortInUse:
-                if attempt == PORT_ATTEMPTS - 1:
-                    raise
+            return port, argv, self.log_dir / f"vllm-{self._starts:02d}-{digest}.log"
+
+        if self.shared and engine_lease.broker_url():
+            # the broker starts (or lends) it, on a port of its command line
+            _, argv, log_path = command()
+            server = engine_lease.acquire(argv, p.server_env(env, flags), log_path,
+                                          notebook=self.log_dir.name,
+                                          startup_timeout_s=p.startup_timeout_s,
+                                          served_model_name=p.served_model_name)
+        else:
+            # The free port is picked before the flags are checked (the first check
+            # reads vLLM's options in a subprocess, seconds): another process may
+            # take it meanwhile (make test's other stream once did, as the source
+            # port of a connection), so a start whose picked port is taken picks again.
+            for attempt in range(PORT_ATTEMPTS):
+                port, argv, log_path = command()
+                server = VLLMServer(argv, port=port, log_path=log_path,
+                                    env=p.server_env(env, flags),
+                                    startup_timeout_s=p.startup_timeout_s,
+                                    served_model_name=p.served_model_name)
+                try:
+                    server.start()
+                    break
+                except PortInUse:
+                    if attempt == PORT_ATTEMPTS - 1:
+                        raise
         name = p.served_model_name or model_path
         return Engine(p, dict(flags), server.base_url, name, model_path=model_path,
                       server=server, info={"cache_config": cache_config(server.base_url)})
