@@ -41,7 +41,7 @@ from typing import Any
 from urllib.request import Request, urlopen
 
 from .engine_lease import DEV_MODE, SHARE_ENV, broker_url, config_key, key_of
-from .server import VLLMServer
+from .server import PORT_ATTEMPTS, PortInUse, VLLMServer, free_port
 
 __all__ = ["Broker", "DEV_MODE", "SHARE_ENV", "broker_url", "config_key", "key_of"]
 
@@ -194,11 +194,18 @@ class Broker:
             with self._lock:
                 self._engines.remove(idle)
             self._in_starter(idle.server.stop)
-        self._trim(starting=True)
-        server = VLLMServer(argv, port=_port_of(argv), log_path=Path(log_path),
-                            env={**env, **DEV_MODE}, startup_timeout_s=startup_timeout_s,
-                            served_model_name=served_model_name)
-        self._in_starter(server.start)
+        self._trim(starting=True)  # may stop engines first: seconds after the kernel's pick
+        for attempt in range(PORT_ATTEMPTS):
+            server = VLLMServer(argv, port=_port_of(argv), log_path=Path(log_path),
+                                env={**env, **DEV_MODE}, startup_timeout_s=startup_timeout_s,
+                                served_model_name=served_model_name)
+            try:
+                self._in_starter(server.start)
+                break
+            except PortInUse:  # taken since the kernel picked it: the lease says where
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+                argv = _with_port(argv, free_port())
         shared = _Shared(key, server, notebook, uses=[notebook])
         with self._lock:
             self._engines.append(shared)
@@ -279,6 +286,13 @@ def _free_fraction() -> float:
 def _port_of(argv: Sequence[str]) -> int:
     argv = list(argv)
     return int(argv[argv.index("--port") + 1])
+
+
+def _with_port(argv: Sequence[str], port: int) -> list[str]:
+    """`argv` listening on `port` instead (the same engine: its key leaves the port out)."""
+    out = list(argv)
+    out[out.index("--port") + 1] = str(port)
+    return out
 
 
 def _reset_prefix_cache(base_url: str) -> bool:

@@ -81,6 +81,39 @@ def test_the_key_is_the_command_line_port_aside(cpu):
     assert config_key("vllm serve m --port 8000 --dtype float32") == "vllm serve m --dtype float32"
 
 
+def test_a_start_whose_port_was_taken_since_the_kernel_picked_it_moves(cpu, tmp_path,
+                                                                      monkeypatch):
+    """A kernel picks the port; the broker may stop idle engines first (seconds)
+    before it starts the server: a port another process took meanwhile must not
+    fail the start. The lease tells the kernel where the server listens."""
+    import socket
+
+    from lab_utils import server as srv
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        held = holder.getsockname()[1]
+        tried = []
+        real_start = srv.VLLMServer.start
+
+        class Launched(Exception):
+            pass
+
+        def start(self):
+            tried.append((self.port, self.argv[self.argv.index("--port") + 1]))
+            if self.port == held:
+                return real_start(self)      # refuses: the port is in use
+            raise Launched(self.port)        # where the real start would launch vLLM
+        monkeypatch.setattr(srv.VLLMServer, "start", start)
+        b = Broker([("nb", [])], min_free_fraction=0)
+        with pytest.raises(Launched):
+            b.acquire(engine_argv(cpu, {}, port=held, model="/m"), {}, str(tmp_path / "v.log"),
+                      notebook="nb")
+    assert tried[0] == (held, str(held)) and len(tried) == 2
+    assert tried[1][0] != held and tried[1][1] == str(tried[1][0])   # argv moved with it
+    assert b._engines == []
+
+
 def _completion(engine, prompt: str) -> dict:
     before = counters.scrape(engine.base_url)
     post_json(engine, "/v1/completions", {"model": engine.model, "prompt": prompt,
