@@ -121,13 +121,17 @@ class Results:
     def add_finding(self, technique: str, metric: str, baseline: float, treated: float,
                     article_claim: str, mechanism: str, *, samples: tuple | None = None,
                     stat: str = "median", checklist: str | None = None,
-                    **extra: Any) -> dict[str, Any]:
+                    why_missing: str | None = None, **extra: Any) -> dict[str, Any]:
         """Record one measured effect beside the article's claim.
 
         `samples=(baseline_values, treated_values)` adds a 95% bootstrap interval
         of the change of `stat` and whether it excludes zero (`significant`).
         `checklist="<row>:<ttft|tpot>"` marks the finding the checklist notebook
-        uses for a row of the article's table (e.g. "prefix caching:ttft")."""
+        uses for a row of the article's table (e.g. "prefix caching:ttft").
+        A finding without a baseline or treated value is noted, not recorded:
+        `why_missing` says why when both arms ran and the value is undefined
+        (e.g. no goodput knee: nothing met the SLO), else the note says an arm
+        did not run."""
         finding = {"technique": technique, "metric": metric, "baseline": baseline,
                    "treated": treated, "change_pct": change_pct(baseline, treated),
                    "article_claim": article_claim, "mechanism": mechanism, **extra}
@@ -142,7 +146,7 @@ class Results:
         missing = [k for k in ("baseline", "treated") if not _is_number(finding[k])]
         if missing:  # an arm did not run: a finding without values would read as measured
             self.note(f"not recorded: {technique} / {metric}: no {' and no '.join(missing)} "
-                      "value (an arm did not run here)")
+                      f"value ({why_missing or 'an arm did not run here'})")
             return {**_clean(finding), "recorded": False}
         if samples is not None:
             lo, hi = bootstrap_change_pct(*samples, stat=stat)

@@ -8,6 +8,7 @@ from lab_utils.capacity import Capacity
 from lab_utils.experiments import checklist as combo
 from lab_utils.paths import NOTEBOOKS_DIR
 from lab_utils.profiles import load_profile
+from lab_utils.results import Results
 
 
 def verdicts(**by_row: str) -> pd.DataFrame:
@@ -127,6 +128,27 @@ def test_findings_compare_the_knees_hand_made():
                for f in (knee, throughput, sync))
     # One arm alone: nothing to compare.
     assert combo.findings(sweep[sweep.arm == "baseline"], []) == []
+
+
+def test_a_knee_no_request_defines_is_noted_with_that_reason_not_as_an_arm_missing(tmp_path):
+    # As on a 2-core Zen 4 guest (make run, 2026-12-03): the baseline's TPOT was above
+    # 50 ms at every rate, so no request met the SLO and it has no knee; both arms ran.
+    met = {("baseline", 0.188): [0, 0, 0, 0], ("baseline", 0.5): [0, 0, 0, 0],
+           ("combined", 0.157): [1, 1, 0, 0], ("combined", 0.5): [1, 0, 0, 0]}
+    sweep = pd.DataFrame([{"arm": a, "rate": r, "slo_met_fraction": sum(v) / len(v),
+                           "goodput": r * sum(v) / len(v), "prefix_cache_hit_rate": 0.9,
+                           "spec_acceptance": 0.5} for (a, r), v in met.items()])
+    knee = combo.findings(sweep, ["prefix caching"])[0]
+    assert knee["why_missing"] == ("none of the baseline arm's requests at its lightest rate "
+                                   "(0.188 req/s) met the SLO (TTFT <= 2 s, TPOT <= 50 ms): "
+                                   "no knee to compare")
+    results = Results("12_checklist", tmp_path, profile="cpu")
+    assert results.add_finding(**knee)["recorded"] is False
+    assert results.data["findings"] == []
+    assert results.data["notes"][-1].endswith("no baseline value (" + knee["why_missing"] + ")")
+    # Without a reason, the note says an arm did not run.
+    results.add_finding("t", "m", float("nan"), 1.0, "c", "m")
+    assert results.data["notes"][-1].endswith("(an arm did not run here)")
 
 
 def test_knees_say_when_the_sweep_never_passed_the_knee():

@@ -284,13 +284,20 @@ def findings(sweep: pd.DataFrame | None, chosen: Sequence[str],
     bound = [a for a in (BASELINE, COMBINED) if not k.loc[a, "passed_the_knee"]]
     if bound:
         why += f"; {' and '.join(bound)}: every rate met the SLO, the knee is a lower bound"
+    slo = SLO()
+    kneeless = [f"none of the {a} arm's requests at its lightest rate "
+                f"({min(sweep[sweep.arm == a].rate):g} req/s) met the SLO (TTFT <= {slo.ttft_s:g} s,"
+                f" TPOT <= {slo.tpot_s * 1e3:g} ms)" for a in (BASELINE, COMBINED)
+                if math.isnan(k.loc[a, "knee_rate"])]
+    extra_missing = ({"why_missing": "; ".join(kneeless) + ": no knee to compare"}
+                     if kneeless else {})
     out = [{"technique": "combined configuration",
             "metric": f"goodput knee (req/s): highest rate keeping >= {target:.0%} of the "
                       "light-load SLO attainment, mixed workload",
             "baseline": k.loc[BASELINE, "knee_rate"], "treated": k.loc[COMBINED, "knee_rate"],
             "article_claim": claim, "mechanism": why,
             "knee_passed": {a: bool(k.loc[a, "passed_the_knee"]) for a in (BASELINE, COMBINED)},
-            **extra}]
+            **extra, **extra_missing}]
     if capacities and {BASELINE, COMBINED} <= set(capacities):
         b, t = capacities[BASELINE], capacities[COMBINED]
         out += [{"technique": "combined configuration",
