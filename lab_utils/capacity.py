@@ -38,8 +38,8 @@ DEFAULT_TARGET = 0.9
 
 
 #: The lightest rate of a sweep, as a share of the one-at-a-time rate: half,
-#: so an engine is idle about half the time there. GuideLLM's `sweep` starts
-#: its rates at the synchronous rate itself. At 0.2 (until 2026-12-03) the
+#: so an engine is idle about half the time there. GuideLLM's `sweep` places
+#: its rates from the synchronous rate up. At 0.2 (until 2026-12-03) the
 #: lightest rate's 8 requests took 58-68 s of 12_checklist's 444 s in a
 #: `make run` (2-core Zen 4 guest, 2 arms), the engine idle most of that time.
 LIGHT_LOAD = 0.5

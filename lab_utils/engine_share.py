@@ -41,7 +41,7 @@ from typing import Any
 from urllib.request import Request, urlopen
 
 from .engine_lease import DEV_MODE, SHARE_ENV, broker_url, config_key, key_of
-from .server import PORT_ATTEMPTS, PortInUse, VLLMServer, free_port
+from .server import VLLMServer, start_on_a_free_port
 
 __all__ = ["Broker", "DEV_MODE", "SHARE_ENV", "broker_url", "config_key", "key_of"]
 
@@ -195,17 +195,13 @@ class Broker:
                 self._engines.remove(idle)
             self._in_starter(idle.server.stop)
         self._trim(starting=True)  # may stop engines first: seconds after the kernel's pick
-        for attempt in range(PORT_ATTEMPTS):
-            server = VLLMServer(argv, port=_port_of(argv), log_path=Path(log_path),
-                                env={**env, **DEV_MODE}, startup_timeout_s=startup_timeout_s,
-                                served_model_name=served_model_name)
-            try:
-                self._in_starter(server.start)
-                break
-            except PortInUse:  # taken since the kernel picked it: the lease says where
-                if attempt == PORT_ATTEMPTS - 1:
-                    raise
-                argv = _with_port(argv, free_port())
+
+        def server_on(port: int) -> VLLMServer:  # the lease tells the kernel the port
+            return VLLMServer(_with_port(argv, port), port=port, log_path=Path(log_path),
+                              env={**env, **DEV_MODE}, startup_timeout_s=startup_timeout_s,
+                              served_model_name=served_model_name)
+        server = start_on_a_free_port(server_on, _port_of(argv),
+                                      start=lambda s: self._in_starter(s.start))
         shared = _Shared(key, server, notebook, uses=[notebook])
         with self._lock:
             self._engines.append(shared)

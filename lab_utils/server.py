@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -309,6 +309,27 @@ def _server_model_name(base_url: str, api_key: str | None) -> str:
     return json.loads(body)["data"][0]["id"]
 
 
+def start_on_a_free_port(server_on: Callable[[int], VLLMServer], port: int,
+                         start: Callable[[VLLMServer], Any] | None = None) -> VLLMServer:
+    """Start `server_on(port)`; when that port was taken since it was picked
+    (PortInUse), another free one, `PORT_ATTEMPTS` tries in all. A port is
+    picked before the flags are checked (the first check reads vLLM's options
+    in a subprocess, seconds) and a run's broker may stop idle engines before
+    it starts one: another process may take the port meanwhile (make test's
+    other stream once did, as the source port of a connection). `start` runs
+    the start (default: `server.start()`; the broker's runs on its one thread)."""
+    for attempt in range(PORT_ATTEMPTS):
+        server = server_on(port)
+        try:
+            server.start() if start is None else start(server)
+            return server
+        except PortInUse:
+            if attempt == PORT_ATTEMPTS - 1:
+                raise
+            port = free_port()
+    raise AssertionError("unreachable")
+
+
 class EnginePool:
     """Hands out engines by flags; identical flags reuse one running server.
 
@@ -404,37 +425,27 @@ class EnginePool:
         model_path = p.model_for(role)
         from . import engine_lease
 
-        def command() -> tuple[int, list[str], Path]:
-            port = free_port()
+        def command(port: int) -> tuple[list[str], Path]:
             argv = engine_argv(p, flags, port=port, model=model_path)
             digest = hashlib.sha1(" ".join(argv[4:]).encode()).hexdigest()[:8]
             self._starts += 1  # a fresh start with the same flags gets its own log
-            return port, argv, self.log_dir / f"vllm-{self._starts:02d}-{digest}.log"
+            return argv, self.log_dir / f"vllm-{self._starts:02d}-{digest}.log"
 
         if self.shared and engine_lease.broker_url():
-            # the broker starts (or lends) it, on a port of its command line
-            _, argv, log_path = command()
+            # the broker starts (or lends) it; a start there moves off a taken port
+            argv, log_path = command(free_port())
             server = engine_lease.acquire(argv, p.server_env(env, flags), log_path,
                                           notebook=self.log_dir.name,
                                           startup_timeout_s=p.startup_timeout_s,
                                           served_model_name=p.served_model_name)
         else:
-            # The free port is picked before the flags are checked (the first check
-            # reads vLLM's options in a subprocess, seconds): another process may
-            # take it meanwhile (make test's other stream once did, as the source
-            # port of a connection), so a start whose picked port is taken picks again.
-            for attempt in range(PORT_ATTEMPTS):
-                port, argv, log_path = command()
-                server = VLLMServer(argv, port=port, log_path=log_path,
-                                    env=p.server_env(env, flags),
-                                    startup_timeout_s=p.startup_timeout_s,
-                                    served_model_name=p.served_model_name)
-                try:
-                    server.start()
-                    break
-                except PortInUse:
-                    if attempt == PORT_ATTEMPTS - 1:
-                        raise
+            def server_on(port: int) -> VLLMServer:
+                argv, log_path = command(port)
+                return VLLMServer(argv, port=port, log_path=log_path,
+                                  env=p.server_env(env, flags),
+                                  startup_timeout_s=p.startup_timeout_s,
+                                  served_model_name=p.served_model_name)
+            server = start_on_a_free_port(server_on, free_port())
         name = p.served_model_name or model_path
         return Engine(p, dict(flags), server.base_url, name, model_path=model_path,
                       server=server, info={"cache_config": cache_config(server.base_url)})
