@@ -22,6 +22,16 @@ before `tests/` so that 12_checklist, late in the other stream, finds their
 results. Measurements of the two streams share the cores; the tests assert
 mechanisms, never latencies (`make run` runs one notebook at a time).
 
+Each stream runs on its own share of the CPUs (`cpu_shares`: one core each on
+2 cores), its engines, kernels and clients included (children inherit the
+affinity; an engine's `VLLM_CPU_OMP_THREADS_BIND` is the cores its process may
+use, `cpu_tuning.all_cores`). Unpinned, an engine measuring in one stream
+spins its OpenMP threads on both cores, and the other stream's engine start or
+requests get a fraction of one: on a 2-core Zen 4 guest (2026-12-03) the smoke
+run of 05_quantization took 198 s beside 02_prefix_caching's, 106 s pinned to
+one core while the other core ran 02 (102.7 s, against 98.6 s alone with both
+cores). `LAB_TEST_PIN=0` leaves both streams on every core.
+
 Each line a stream prints is shown prefixed with its name as soon as it is
 complete (a pytest line per file: per notebook, one line when it ends). The
 exit status is the first failing stream's (a stream that collected nothing,
@@ -44,6 +54,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from lab_utils.cpu_tuning import core_shares, parse_cpu_list  # noqa: E402
 from lab_utils.paths import NOTEBOOKS_DIR, notebooks  # noqa: E402
 from lab_utils.server import die_with_parent  # noqa: E402
 
@@ -75,6 +86,25 @@ def streams(folder: Path = NOTEBOOKS_DIR) -> dict[str, list[str]]:
     first = [r for r, p in zip(rel, found) if p.stem not in SECOND]
     return {"notebooks": first + [FINDINGS, *FIRST],
             "tests": second + ["tests", *(f"--ignore={t}" for t in (*FIRST, ALONE))]}
+
+
+def cpu_shares(n: int, cpus: list[int] | None = None) -> list[list[int]] | None:
+    """The CPUs of each of `n` side-by-side streams (`cpu_tuning.core_shares` of
+    this process's), or None (no pinning) for one stream, fewer CPUs than
+    streams, or LAB_TEST_PIN=0."""
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    if n < 2 or len(cpus) < n or os.environ.get("LAB_TEST_PIN") == "0":
+        return None
+    return [parse_cpu_list(share) for share in core_shares(n, cpus)]
+
+
+def _start_in(cpus: list[int] | None):
+    """preexec_fn of a stream: die with this process, run on `cpus`."""
+    def start() -> None:  # pragma: no cover - runs in the child
+        die_with_parent()
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+    return start
 
 
 def exit_status(codes: list[int]) -> int:
@@ -120,12 +150,14 @@ def _run(plan: dict[str, list[str]], args: list[str], t0: float) -> list[int] | 
     pumps = []
     ended: dict[str, float] = {}
     try:
-        for name, paths in plan.items():
-            print(f"[{name}] pytest {' '.join(paths)}", flush=True)
+        shares = cpu_shares(len(plan)) or [None] * len(plan)
+        for (name, paths), cpus in zip(plan.items(), shares):
+            on = f" (on CPU{'s' if len(cpus) > 1 else ''} {','.join(map(str, cpus))})" if cpus else ""
+            print(f"[{name}] pytest {' '.join(paths)}{on}", flush=True)
             proc = subprocess.Popen(
                 [sys.executable, "-u", "-m", "pytest", *paths, *args], cwd=REPO,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent)
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_start_in(cpus))
             procs[name] = proc
             pumps.append(threading.Thread(target=_pump, args=(name, proc, lock), daemon=True))
             pumps[-1].start()

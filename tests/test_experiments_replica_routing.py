@@ -39,8 +39,23 @@ def test_plan_declares_replicas_alive_together_differing_in_their_cores(cpu, mon
                                                {"VLLM_CPU_OMP_THREADS_BIND": "1"}]
     assert plan.arms[1].knob == "env:VLLM_CPU_OMP_THREADS_BIND"
     assert "router-side" in plan.notes[0]
-    with pytest.raises(ConfigError, match="own core"):
-        rr.plan(cpu, {**PARAMS, "replicas": 3})
+    assert len(plan.notes) == 1
+
+
+def test_more_replicas_than_cores_share_them_differing_only_in_their_name(cpu, monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    plan = rr.plan(cpu, {**PARAMS, "replicas": 3})
+    assert plan.problems() == []
+    assert [dict(a.env) for a in plan.arms] == [
+        {"LAB_REPLICA": str(i), "VLLM_CPU_OMP_THREADS_BIND": "0-1"} for i in range(3)]
+    assert plan.arms[2].knob == "env:LAB_REPLICA"
+    assert "3 replicas on 2 cores" in plan.notes[1]
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {3})  # one core, e.g. taskset -c 3
+    one = rr.plan(cpu, PARAMS)
+    assert [dict(a.env) for a in one.arms] == [
+        {"LAB_REPLICA": "0", "VLLM_CPU_OMP_THREADS_BIND": "3"},
+        {"LAB_REPLICA": "1", "VLLM_CPU_OMP_THREADS_BIND": "3"}]
+    assert "2 replicas on 1 core:" in one.notes[1]
 
 
 def test_plan_refuses_what_cannot_show_anything(cpu, gpu):

@@ -3,6 +3,9 @@ one, the second stream's notebooks plan no engine the first could have lent
 them, and the driver shows both streams' lines and fails when either fails."""
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 import streams
 
@@ -70,6 +73,35 @@ def test_the_driver_shows_both_streams_and_fails_when_one_fails(tmp_path, capfd)
     assert "[one] 1 passed" in out and "[two] 1 failed" in out, out
     assert "stream two: exit status 1" in out and "stream one: exit status 0" in out
     assert "[last] 1 passed" in out, "the phase after the streams did not run"
+
+
+def test_cpu_shares(monkeypatch):
+    monkeypatch.delenv("LAB_TEST_PIN", raising=False)
+    assert streams.cpu_shares(2, [1, 0]) == [[0], [1]]
+    assert streams.cpu_shares(2, [0, 1, 2, 3, 4]) == [[0, 1, 2], [3, 4]]
+    assert streams.cpu_shares(2, [5]) is None        # one CPU: both streams share it
+    assert streams.cpu_shares(1, [0, 1]) is None     # a phase of one (the browser test)
+    monkeypatch.setenv("LAB_TEST_PIN", "0")
+    assert streams.cpu_shares(2, [0, 1]) is None
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs 2 CPUs")
+def test_each_stream_runs_on_its_own_cpus_and_the_phase_after_on_all(tmp_path, monkeypatch):
+    monkeypatch.delenv("LAB_TEST_PIN", raising=False)
+    probe = ("import json, os\ndef test_cpus():\n    open({out!r}, 'w').write("
+             "json.dumps(sorted(os.sched_getaffinity(0))))\n")
+    paths = {}
+    for name in ("one", "two", "last"):
+        paths[name] = tmp_path / f"test_{name}.py"
+        paths[name].write_text(probe.format(out=str(tmp_path / f"{name}.json")))
+    status = streams.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
+                          plan={"one": [str(paths["one"])], "two": [str(paths["two"])]},
+                          then={"last": [str(paths["last"])]})
+    assert status == 0
+    seen = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in paths}
+    mine = sorted(os.sched_getaffinity(0))
+    assert seen["one"] and seen["two"] and not set(seen["one"]) & set(seen["two"]), seen
+    assert sorted(seen["one"] + seen["two"]) == mine and seen["last"] == mine, seen
 
 
 def test_a_run_keeps_no_engine_idle_for_a_notebook_that_starts_its_own(tmp_path):

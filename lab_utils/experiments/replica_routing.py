@@ -5,7 +5,8 @@ each replica's prefix cache hit, from the replicas' own counters.
 
 The engines are the plan's N replica arms, alive together: the profile's
 model with the same flags, each on its own share of the machine (on the
-`cpu` profile its own core through `VLLM_CPU_OMP_THREADS_BIND`, on `gpu` its
+`cpu` profile its own core through `VLLM_CPU_OMP_THREADS_BIND`, or turns on
+the cores where there are fewer cores than replicas; on `gpu` its
 own GPU through `CUDA_VISIBLE_DEVICES`; on `remote` the replicas are servers
 you run, mapped with `LAB_REMOTE_ARMS`). Each replica's KV cache gets the same
 byte budget (`--kv-cache-memory-bytes`, with the cpu profile's
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +39,7 @@ import pandas as pd
 from .. import arms
 from ..client import Client, Load, RequestSpec, Run
 from ..counters import delta, scrape
-from ..cpu_tuning import core_shares
+from ..cpu_tuning import all_cores, core_shares
 from ..kv_memory import byte_budget_profile
 from ..metrics import percentile_stats, records_frame
 from ..profiles import ConfigError, Profile
@@ -69,10 +71,12 @@ def replica_env(profile: Profile, n: int) -> list[dict[str, str]]:
     if profile.is_remote:
         return [{REMOTE_KEY: str(i)} for i in range(n)]
     if profile.device == "cpu":
-        try:
-            return [{BIND: cores} for cores in core_shares(n)]
-        except ValueError as exc:
-            raise ConfigError(f"13_replica_routing: {exc}; set replicas lower") from None
+        cpus = sorted(os.sched_getaffinity(0))
+        if n <= len(cpus):
+            return [{BIND: cores} for cores in core_shares(n, cpus)]
+        # Fewer cores than replicas (a 1-core machine, a stream of `make test`):
+        # every replica on all of them, told apart by LAB_REPLICA alone (one knob).
+        return [{REMOTE_KEY: str(i), BIND: all_cores()} for i in range(n)]
     return [{"CUDA_VISIBLE_DEVICES": str(i)} for i in range(n)]
 
 
@@ -140,6 +144,11 @@ def plan(profile: Profile, params: Mapping[str, Any]) -> arms.Plan:
     policies = list(params.get("policies", POLICIES))
     notes = (f"router policies {policies} are router-side arms: the same replicas serve each "
              "policy, no engine flag changes; each policy's requests carry their own cache_salt",)
+    if REMOTE_KEY in envs[0] and BIND in envs[0]:
+        cores = len(os.sched_getaffinity(0))
+        notes += (f"{n} replicas on {cores} core{'s' if cores > 1 else ''}: the replicas share "
+                  "them, so one replica's work slows another's requests; where requests go "
+                  "and what each cache hits do not depend on it",)
     return arms.Plan("13_replica_routing", replicas, together=(tuple(names),), notes=notes)
 
 
