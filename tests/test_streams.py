@@ -3,6 +3,7 @@ one, the second stream's notebooks plan no engine the first could have lent
 them, and the driver shows both streams' lines and fails when either fails."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -85,8 +86,22 @@ def test_cpu_shares(monkeypatch):
     assert streams.cpu_shares(2, [0, 1]) is None
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs 2 CPUs")
-def test_each_stream_runs_on_its_own_cpus_and_the_phase_after_on_all(tmp_path, monkeypatch):
+@pytest.fixture
+def every_cpu():
+    """This process on every CPU it may use (within `make test` it runs pinned to
+    its stream's share), and back on its own afterwards."""
+    own = os.sched_getaffinity(0)
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    if len(os.sched_getaffinity(0)) < 2:
+        os.sched_setaffinity(0, own)
+        pytest.skip("pinning needs 2 CPUs")
+    yield
+    os.sched_setaffinity(0, own)
+
+
+def test_each_stream_runs_on_its_own_cpus_and_the_phase_after_on_all(tmp_path, monkeypatch,
+                                                                     every_cpu):
     monkeypatch.delenv("LAB_TEST_PIN", raising=False)
     probe = ("import json, os\ndef test_cpus():\n    open({out!r}, 'w').write("
              "json.dumps(sorted(os.sched_getaffinity(0))))\n")
