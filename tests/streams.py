@@ -58,19 +58,17 @@ from lab_utils.cpu_tuning import core_shares, parse_cpu_list  # noqa: E402
 from lab_utils.paths import NOTEBOOKS_DIR, notebooks  # noqa: E402
 from lab_utils.server import die_with_parent  # noqa: E402
 
-#: Notebooks run in the `tests` stream: together about as long as the tests
-#: they precede, so that both streams end near the same time (smoke run on a
-#: 2-core Zen 4 guest, 2026-12-02: notebooks 06 104 s, 09 182 s, 13 150 s,
-#: `tests/` 824 s; the other eleven notebooks 1,340 s).
-SECOND = ("06_fp8_kv_cache", "09_priority_scheduling", "13_replica_routing")
+#: Notebooks run in the `tests` stream, and test files run in the `notebooks`
+#: stream after its notebooks, so that both streams end near the same time. With
+#: each stream on its own core nothing evens them out: in a fresh-clone `make test`
+#: at 8385346 (2-core Zen 4 guest, cache filled) the notebooks stream took 1,378 s
+#: and the tests stream 1,129 s, with 01_chunked_prefill (197 s, two engines no
+#: other notebook plans) in the first and test_isa_emulation (89 s) in the second.
+#: Both files start their own engines (probes are never lent one).
+SECOND = ("01_chunked_prefill", "06_fp8_kv_cache", "09_priority_scheduling",
+          "13_replica_routing")
 FINDINGS = "tests/test_notebook_findings.py"
-#: Test files run in the `notebooks` stream, after its notebooks, so that the
-#: streams end near the same time: in a fresh-clone `make test` at 41f26aa (2-core
-#: Zen 4 guest) the tests stream took 1,682 s, the notebooks stream 1,704 s, and
-#: this commit's smoke sets and tokenizer take more off the notebooks stream
-#: (11_model_tiering's three sequential latency arms: 178 s of requests).
-#: test_capabilities starts its own engines (probes are never lent one).
-FIRST = ("tests/test_capabilities.py",)
+FIRST = ("tests/test_capabilities.py", "tests/test_isa_emulation.py")
 #: Run after both streams, alone: JupyterLab's front end on a machine that two
 #: streams keep busy twice failed to run the notebook (Run All ran no cell;
 #: an Explore widget stayed "Loading widget..."), 2026-12-02, Zen 4 guest.
