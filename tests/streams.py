@@ -19,7 +19,7 @@ Each stream is one pytest session with its own engine broker
 holds notebooks that plan no engine another notebook plans
 (tests/test_streams.py checks it against `runall.planned_keys`). They run
 before `tests/` so that 12_checklist, late in the other stream, finds their
-results. Measurements of the two streams share the cores; the tests assert
+results. The two streams measure at the same time on one machine; the tests assert
 mechanisms, never latencies (`make run` runs one notebook at a time).
 
 Each stream runs on its own share of the CPUs (`cpu_shares`: one core each on

@@ -5,8 +5,8 @@ each replica's prefix cache hit, from the replicas' own counters.
 
 The engines are the plan's N replica arms, alive together: the profile's
 model with the same flags, each on its own share of the machine (on the
-`cpu` profile its own core through `VLLM_CPU_OMP_THREADS_BIND`, or turns on
-the cores where there are fewer cores than replicas; on `gpu` its
+`cpu` profile its own core through `VLLM_CPU_OMP_THREADS_BIND`, or all of them
+shared where there are fewer cores than replicas; on `gpu` its
 own GPU through `CUDA_VISIBLE_DEVICES`; on `remote` the replicas are servers
 you run, mapped with `LAB_REMOTE_ARMS`). Each replica's KV cache gets the same
 byte budget (`--kv-cache-memory-bytes`, with the cpu profile's
