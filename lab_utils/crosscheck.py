@@ -1,39 +1,45 @@
 """Cross-check the lab's client against `vllm bench serve`: the same server,
 the same completions requests (exact-length prompts, greedy, `ignore_eos`), the
-same concurrency, in alternating rounds so drift hits both alike. Used by
+same concurrency, in alternating rounds so drift hits both alike; every round
+of `vllm bench serve` runs in one process (`lab_utils.bench_rounds`). Used by
 `benchmarks/compare_with_vllm_bench.py` and the checklist notebook."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 
+from .bench_rounds import BenchRounds
 from .client import Client, Load, RequestSpec
-from .paths import REPO_ROOT
 from .workloads import local_tokenizer, shared_prefix_prompts
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
-def bench_serve(base_url: str, model: str, tokenizer: str, dataset: Path, n: int,
-                output_len: int, concurrency: int, out_dir: Path, tag: str) -> dict:
-    """Run vLLM's own benchmark client; returns its result JSON."""
-    cmd = [sys.executable, "-m", "lab_utils.vllm_cli", "bench", "serve",
-           "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
-           "--model", model, "--tokenizer", tokenizer, "--dataset-name", "custom",
-           "--dataset-path", str(dataset), "--skip-chat-template", "--disable-shuffle",
-           "--custom-output-len", str(output_len), "--ignore-eos", "--temperature", "0",
-           "--num-prompts", str(n), "--max-concurrency", str(concurrency),
-           "--request-rate", "inf", "--num-warmups", "0",
-           "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", "50,99",
-           "--save-result", "--result-dir", str(out_dir), "--result-filename", f"{tag}.json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError("vllm bench serve failed:\n" + proc.stdout[-2000:] + proc.stderr[-3000:])
-    return json.loads((out_dir / f"{tag}.json").read_text())
+def bench_args(base_url: str, model: str, tokenizer: str, dataset: Path, n: int,
+               output_len: int, concurrency: int, out_dir: Path, tag: str) -> list[str]:
+    """The arguments of `vllm bench serve` (after `vllm`) for one round."""
+    return ["bench", "serve",
+            "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
+            "--model", model, "--tokenizer", tokenizer, "--dataset-name", "custom",
+            "--dataset-path", str(dataset), "--skip-chat-template", "--disable-shuffle",
+            "--custom-output-len", str(output_len), "--ignore-eos", "--temperature", "0",
+            "--num-prompts", str(n), "--max-concurrency", str(concurrency),
+            "--request-rate", "inf", "--num-warmups", "0",
+            "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", "50,99",
+            "--save-result", "--result-dir", str(out_dir), "--result-filename", f"{tag}.json"]
+
+
+def bench_serve(bench: BenchRounds, base_url: str, model: str, tokenizer: str, dataset: Path,
+                n: int, output_len: int, concurrency: int, out_dir: Path, tag: str) -> dict:
+    """Run vLLM's own benchmark client for one round in `bench` (one process
+    for every round); returns its result JSON."""
+    out = Path(out_dir) / f"{tag}.json"
+    out.unlink(missing_ok=True)
+    bench.run(bench_args(base_url, model, tokenizer, dataset, n, output_len, concurrency,
+                         out_dir, tag))
+    return json.loads(out.read_text())
 
 
 def lab_client(base_url: str, model: str, prompts: list[str], output_len: int,
@@ -62,16 +68,17 @@ def compare(base_url: str, model: str, tokenizer_path: str, *, n: int, input_len
     dataset.write_text("".join(json.dumps({"prompt": p, "output_tokens": output_len}) + "\n"
                                for p in prompts))
     per_tool: dict[str, list[dict]] = {"vllm_bench": [], "lab_utils": []}
-    for r in range(rounds):
-        order = ("vllm_bench", "lab_utils") if r % 2 == 0 else ("lab_utils", "vllm_bench")
-        for tool in order:
-            print(f"round {r + 1}/{rounds}: {tool} ...", flush=True)
-            if tool == "vllm_bench":
-                res = bench_serve(base_url, model, tokenizer_path, dataset, n, output_len,
-                                  concurrency, out_dir, f"bench_round{r}")
-            else:
-                res = lab_client(base_url, model, prompts, output_len, concurrency)
-            per_tool[tool].append(res)
+    with BenchRounds(out_dir / "vllm_bench.log") as bench:
+        for r in range(rounds):
+            order = ("vllm_bench", "lab_utils") if r % 2 == 0 else ("lab_utils", "vllm_bench")
+            for tool in order:
+                print(f"round {r + 1}/{rounds}: {tool} ...", flush=True)
+                if tool == "vllm_bench":
+                    res = bench_serve(bench, base_url, model, tokenizer_path, dataset, n,
+                                      output_len, concurrency, out_dir, f"bench_round{r}")
+                else:
+                    res = lab_client(base_url, model, prompts, output_len, concurrency)
+                per_tool[tool].append(res)
     rows = summarize_rounds(per_tool)
     return {"workload": {"num_prompts": n, "input_len": input_len, "output_len": output_len,
                          "concurrency": concurrency, "rounds": rounds, "endpoint": "/v1/completions"},
