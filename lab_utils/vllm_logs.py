@@ -142,6 +142,35 @@ def startup_events(log_text: str, launched_at: _dt.datetime | None = None):
     return frame
 
 
+#: `startup_events` milestones -> the phase of a start that ends there (the
+#: first phase starts at launch).
+STARTUP_PHASES = (("API server process logging", "API server imports"),
+                  ("engine core process up", "engine core process start"),
+                  ("model load started", "worker process start"),
+                  ("weights loaded", "weights"),
+                  ("engine ready (profile, KV cache, warm-up)", "KV cache and init"),
+                  ("HTTP server listening", "API server ready"))
+
+
+def startup_phases(log_text: str, launched_at=None) -> dict[str, float]:
+    """Seconds of each phase of the latest start in `log_text`, from launch
+    (`launched_at`; else from vLLM's first stamped line): the gap between one
+    milestone and the one before it (vLLM stamps lines to the second, so +-1 s),
+    or where vLLM reports a duration itself (weights, init engine), that one.
+    A phase whose milestone is not in the log is left out."""
+    ev = startup_events(log_text, launched_at)
+    at = dict(zip(ev.event, ev.since_launch_s))
+    reported = dict(zip(ev.event, ev.reported_s))
+    out, last = {}, 0.0
+    for event, name in STARTUP_PHASES:
+        if event not in at:
+            continue
+        r = reported.get(event)
+        out[name] = float(at[event] - last) if r is None or math.isnan(r) else float(r)
+        last = float(at[event])
+    return out
+
+
 def log_after_startup(log_text: str,
                       skip: Sequence[str] = ("GET /metrics", "GET /health")) -> list[str]:
     """The lines the latest start logged once it served (minus scrapes/polls):

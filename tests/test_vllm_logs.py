@@ -13,6 +13,7 @@ from lab_utils.vllm_logs import (
     parse_server_log,
     root_cause,
     startup_events,
+    startup_phases,
 )
 
 # Lines as vLLM 0.32's CPU build writes them (ANSI colours included), after a
@@ -60,6 +61,20 @@ def test_startup_events_without_launch_time_count_from_the_first_line():
     ev = startup_events(LOG).set_index("event")
     assert ev.loc["API server process logging", "since_launch_s"] == 0
     assert ev.loc["engine core process up", "since_launch_s"] == 6
+
+
+def test_startup_phases_split_a_start_at_vllms_milestones():
+    # by hand from LOG's latest start, launched at 13:58:40.7 (stamps are whole seconds)
+    got = startup_phases(LOG, dt.datetime(2024, 11, 30, 13, 58, 40, 700000))
+    assert got == {"API server imports": 9.0,           # 13:58:40 -> 13:58:49
+                   "engine core process start": 6.0,    # -> 13:58:55
+                   "worker process start": 6.0,         # -> 13:59:01
+                   "weights": pytest.approx(0.91),      # vLLM's own figure
+                   "KV cache and init": pytest.approx(5.87),
+                   "API server ready": 2.0}             # 13:59:09 -> 13:59:11
+    # a start still under way has only the phases it reached
+    partial = LOG.split("(Worker pid=5502)")[0]
+    assert list(startup_phases(partial)) == ["API server imports", "engine core process start"]
 
 
 def test_startup_events_of_an_empty_log():
