@@ -26,7 +26,7 @@ import datetime as _dt
 import json
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +267,24 @@ class Capabilities:
         return frame
 
 
+def _claimed(path: Path, names: Sequence[str]) -> Iterator[str]:
+    """Each of `names` while this process holds its candidate lock
+    (`<cache file>.<name>.lock`). A candidate no other process is probing comes
+    first; one another process holds is waited for last. So `make test`'s two
+    streams, each wanting some candidates, probe different ones at once, and
+    neither probes what the other just did (the caller reads the cache again)."""
+    pending = list(names)
+    while pending:
+        for n in pending + [None]:
+            wait = n is None  # every pending one is held elsewhere: wait for the first
+            n = n or pending[0]
+            with locked(path.with_name(f"{path.name}.{n}"), wait=wait) as held:
+                if held:
+                    pending.remove(n)
+                    yield n
+                    break
+
+
 def probe(profile: Profile | str = "cpu", names: Sequence[str] | None = None, *,
           refresh: bool = False, progress: bool = True) -> Capabilities:
     """Probe `names` (default: every candidate) on this machine, reusing cached
@@ -283,20 +301,23 @@ def probe(profile: Profile | str = "cpu", names: Sequence[str] | None = None, *,
                                            f"{profile.name!r} runs on {profile.device}"}
                              for n in names}, profile.device)
     path = cache_path()
-    results = load_cache(path)
-    todo = [n for n in names if refresh or n not in results]
+    todo = [n for n in names if refresh or n not in load_cache(path)]
     if todo:
         from tqdm.auto import tqdm
-        # One prober per machine at a time (`make test` runs two pytest processes):
-        # a process that waited reads what the other one probed instead of probing again.
-        with locked(path):
-            results = load_cache(path)
-            todo = [n for n in names if refresh or n not in results]
-            bar = tqdm(todo, desc="probing what this vLLM build runs", disable=not progress)
-            for n in bar:
-                bar.set_postfix_str(n)
-                results[n] = probe_one(profile, CANDIDATES[n], path.parent / "logs")
-                save_cache(path, results)  # after each: an interrupted probe keeps the others
+        bar = tqdm(total=len(todo), desc="probing what this vLLM build runs",
+                   disable=not progress)
+        for n in _claimed(path, todo):
+            bar.set_postfix_str(n)
+            # a process that waited for this candidate reads what the other one probed
+            if refresh or n not in load_cache(path):
+                row = probe_one(profile, CANDIDATES[n], path.parent / "logs")
+                with locked(path):  # after each: an interrupted probe keeps the others
+                    results = load_cache(path)
+                    results[n] = row
+                    save_cache(path, results)
+            bar.update()
+        bar.close()
+    results = load_cache(path)
     return Capabilities({n: results[n] for n in results}, "cpu", summary_line(machine_info()))
 
 

@@ -35,16 +35,22 @@ def notebooks(only: list[str] | None = None, folder: Path = NOTEBOOKS_DIR) -> li
 # --------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def locked(path: Path):
+def locked(path: Path, wait: bool = True):
     """Hold an exclusive lock beside `path` (`<path>.lock`, flock) while the
-    block runs: a read-modify-write of a file other processes also update."""
+    block runs: a read-modify-write of a file other processes also update.
+    Yields True; with `wait=False` it yields False at once, holding nothing,
+    when another process (or another open of the lock file) holds it."""
     import fcntl
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            yield
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 

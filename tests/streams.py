@@ -63,12 +63,16 @@ from lab_utils.server import die_with_parent  # noqa: E402
 #: each stream on its own core nothing evens them out: in a fresh-clone `make test`
 #: at 8385346 (2-core Zen 4 guest, cache filled) the notebooks stream took 1,378 s
 #: and the tests stream 1,129 s, with 01_chunked_prefill (197 s, two engines no
-#: other notebook plans) in the first and test_isa_emulation (89 s) in the second.
-#: Both files start their own engines (probes are never lent one).
+#: other notebook plans) in the first. At dafac9f (same guest, cache empty) the
+#: notebooks stream took 1,833 s, the tests stream 1,683 s: the capability probe
+#: (5 engines, ~46 s each) held both, one candidate at a time; each candidate now
+#: has its own lock (`capabilities.probe`), so the tests stream probes 06's while
+#: the notebooks stream probes 05's, and test_isa_emulation (90 s) moved to the
+#: tests stream. test_capabilities starts its own engines (probes are never lent one).
 SECOND = ("01_chunked_prefill", "06_fp8_kv_cache", "09_priority_scheduling",
           "13_replica_routing")
 FINDINGS = "tests/test_notebook_findings.py"
-FIRST = ("tests/test_capabilities.py", "tests/test_isa_emulation.py")
+FIRST = ("tests/test_capabilities.py",)
 #: Run after both streams, alone: JupyterLab's front end on a machine that two
 #: streams keep busy twice failed to run the notebook (Run All ran no cell;
 #: an Explore widget stayed "Loading widget..."), 2026-12-02, Zen 4 guest.

@@ -100,6 +100,47 @@ def test_the_cache_is_reused_and_refreshed(cpu, tmp_path, monkeypatch):
     assert set(saved["results"]) == {"kv_fp8", "float32"} and saved["machine"]
 
 
+def test_two_probers_probe_different_candidates_at_once_and_each_only_once(cpu, tmp_path,
+                                                                          monkeypatch):
+    # make test's two streams probe from two processes; flock locks of two opens
+    # of one file exclude each other as two processes' do, so threads stand in.
+    import threading
+    import time
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
+    spans, lock = [], threading.Lock()
+
+    def fake_probe(profile, c, log_dir):
+        t0 = time.monotonic()
+        time.sleep(0.4)
+        with lock:
+            spans.append((threading.current_thread().name, c.name, t0, time.monotonic()))
+        return {"status": "ok", "ttft_ms": 1.0, "tpot_ms": 1.0}
+
+    monkeypatch.setattr(cap, "probe_one", fake_probe)
+    wants = {"a": ["float32", "bfloat16", "kv_fp8"], "b": ["kv_fp8", "float32"]}
+    got = {}
+
+    def run(name):
+        got[name] = cap.probe(cpu, wants[name], progress=False)
+
+    threads = [threading.Thread(target=run, args=(n,), name=n) for n in wants]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    probed = [name for _, name, _, _ in spans]
+    assert sorted(probed) == ["bfloat16", "float32", "kv_fp8"]    # each once
+    assert {who for who, *_ in spans} == {"a", "b"}                 # both probed
+    # three 0.4 s probes took two rounds, not three
+    assert elapsed < 3 * 0.4, (elapsed, spans)
+    for name, caps in got.items():
+        assert all(caps.ok(n) for n in wants[name]), (name, caps.results)
+    saved = json.loads(cap.cache_path().read_text())["results"]
+    assert set(saved) == {"float32", "bfloat16", "kv_fp8"}
+
+
 def test_unknown_candidates_name_the_choices(cpu):
     with pytest.raises(cap.ConfigError, match="choose from"):
         cap.probe(cpu, ["fp4"])

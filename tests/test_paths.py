@@ -55,6 +55,20 @@ def test_the_lock_waits_for_another_process(tmp_path):
     assert waited > 1.0, f"the lock was granted after {waited:.2f} s while another process held it"
 
 
+def test_without_waiting_the_lock_says_another_process_holds_it(tmp_path):
+    path = tmp_path / "cache.json.float32"
+    holder = _child(path, "hold", 1.5)
+    assert holder.stdout.readline().strip() == "locked"
+    t0 = time.monotonic()
+    with locked(path, wait=False) as held:
+        assert held is False and time.monotonic() - t0 < 0.5
+    holder.wait(10)
+    with locked(path, wait=False) as held:  # free again
+        assert held is True
+        with locked(path, wait=False) as again:  # a second open of the lock file is excluded
+            assert again is False
+
+
 def test_two_processes_writing_one_file_never_fail_or_leave_temporaries(tmp_path):
     path = tmp_path / "probe.json"
     _succeed([_child(path, "write", w) for w in ("a", "b")])
