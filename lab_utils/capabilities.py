@@ -6,7 +6,8 @@ x86 with AVX-512 or AMX") and no 4-bit GEMM (`cpu_gemm_wna16` is missing), and
 bfloat16 falls back from oneDNN to torch's slow path. A table written on one
 machine is wrong on the next, so each *candidate* (a dtype, a quantized
 checkpoint format, the fp8 KV cache, a speculative method) is probed here: a
-tiny engine start (512-token context, 64 MiB KV cache) and a few requests —
+tiny engine start (512-token context, 64 MiB KV cache, the worker inside the
+engine-core process) and a few requests —
 one greedy question whose answer is checked, and timed requests for the speed
 of the path. Results are cached per machine fingerprint (CPU model, ISA,
 cores, vLLM and torch versions, `lab_utils.machine.fingerprint`) under
@@ -131,7 +132,13 @@ def save_cache(path: Path, results: Mapping[str, dict]) -> None:
 
 def probe_profile(profile: Profile, c: Candidate) -> Profile:
     """The profile a candidate's probe engine uses: the profile's flags and env,
-    the candidate's model as role "probe", small context and KV cache."""
+    the candidate's model as role "probe", small context and KV cache, and
+    vLLM's worker inside the engine-core process (`cpu_tuning.in_process_env`):
+    the same kernels, one process fewer importing vLLM and torch. On the Zen 4
+    guest (2 cores, 2026-12-04, two rounds of `python -m lab_utils.capabilities
+    float32 w8a8_bf16 --refresh` each way) the probe engines started in 22.0-28.1 s
+    against 33.1-35.1 s with a worker process of their own, with the same
+    kernels and TPOT within 10% (43.0-43.8 vs 46.4 ms for float32)."""
     models = dict(profile.models)
     if c.model is not None:
         models["probe"] = c.model
@@ -139,7 +146,8 @@ def probe_profile(profile: Profile, c: Candidate) -> Profile:
         models["probe_draft"] = c.draft
     env = {k: v for k, v in profile.env.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     return dataclasses.replace(profile, models=models, env=env,
-                               engine={**profile.engine, **PROBE_FLAGS})
+                               engine={**profile.engine, **PROBE_FLAGS},
+                               cpu_binding={**profile.cpu_binding, "in_process": True})
 
 
 def _flags(profile: Profile, c: Candidate) -> dict[str, Any]:
@@ -158,6 +166,7 @@ def probe_one(profile: Profile, c: Candidate, log_dir: Path) -> dict[str, Any]:
     "refused" (the lab's own flag checks stop it before launch)."""
     from .client import Client, Load
     from .http import post_json
+    from .machine import parse_engine_binding
     from .server import EnginePool, ServerError
     from .vllm_logs import parse_server_log, root_cause
     from .workloads import chat, local_tokenizer, synthetic_specs
@@ -187,9 +196,10 @@ def probe_one(profile: Profile, c: Candidate, log_dir: Path) -> dict[str, Any]:
         row.update(status="ok" if EXPECT in answer.lower() else "wrong answer",
                    answer=answer.strip(), ttft_ms=s["ttft_ms_median"], tpot_ms=s["tpot_ms_median"],
                    reason="" if EXPECT in answer.lower() else f"answered {answer.strip()!r}")
-        info = parse_server_log(engine.server.log_path.read_text(errors="replace"))
+        log = engine.server.log_path.read_text(errors="replace")
+        info = parse_server_log(log)
         row.update(kernels=info.get("kernels", []), quantization=info.get("quantization"),
-                   dtype=info.get("dtype"))
+                   dtype=info.get("dtype"), executor=parse_engine_binding(log).get("executor"))
     except ConfigError as exc:
         row.update(status="refused", reason=str(exc).splitlines()[-1].lstrip("- "))
     except (ServerError, OSError, RuntimeError, ValueError, KeyError) as exc:

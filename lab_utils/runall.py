@@ -276,8 +276,8 @@ def print_plans(profile_name: str, base_url: str = "", only: list[str] | None = 
     its parameters, checked by `lab_utils.plan` (the installed vLLM's parser,
     the device rules, memory, vocabularies, quantization, implicit knobs),
     without starting an engine; 1 if any plan has a problem. On the cpu
-    profile 05 and 06 read this machine's capability probe (run once, a
-    minute per candidate, if it is not cached yet)."""
+    profile 05 and 06 read this machine's capability probe (run once, under
+    a minute per candidate, if it is not cached yet)."""
     from .plan import report
     return report(profile_name, gpu, base_url, only, params, folder, smoke)
 
