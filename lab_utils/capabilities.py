@@ -285,9 +285,8 @@ def _claimed(path: Path, names: Sequence[str]) -> Iterator[str]:
     neither probes what the other just did (the caller reads the cache again)."""
     pending = list(names)
     while pending:
-        for n in pending + [None]:
-            wait = n is None  # every pending one is held elsewhere: wait for the first
-            n = n or pending[0]
+        # each pending one without waiting; if all are held elsewhere, wait for the first
+        for n, wait in [*((m, False) for m in pending), (pending[0], True)]:
             with locked(path.with_name(f"{path.name}.{n}"), wait=wait) as held:
                 if held:
                     pending.remove(n)
