@@ -12,7 +12,8 @@ measuring). `make test` starts ~30 engines, so it runs two streams at once:
   (after the last notebook: this stream's broker has stopped);
 - **tests**: `SECOND`'s notebooks, then `tests/` (the findings tests for those
   notebooks last, as tests/conftest.py orders them) except `FIRST`'s and
-  `ALONE`, the browser test, which runs after both streams by itself.
+  `ALONE`, the browser test, which starts on the CPUs of the first stream to
+  end while the other goes on (unpinned: after both streams, by itself).
 
 Each stream is one pytest session with its own engine broker
 (notebooks/conftest.py), so an engine is lent only within a stream: `SECOND`
@@ -73,9 +74,10 @@ SECOND = ("01_chunked_prefill", "06_fp8_kv_cache", "09_priority_scheduling",
           "13_replica_routing")
 FINDINGS = "tests/test_notebook_findings.py"
 FIRST = ("tests/test_capabilities.py",)
-#: Run after both streams, alone: JupyterLab's front end on a machine that two
-#: streams keep busy twice failed to run the notebook (Run All ran no cell;
-#: an Explore widget stayed "Loading widget..."), 2026-12-02, Zen 4 guest.
+#: Run on CPUs of its own: JupyterLab's front end on a machine that two unpinned
+#: streams kept busy twice failed to run the notebook (Run All ran no cell;
+#: an Explore widget stayed "Loading widget..."), 2026-12-02, Zen 4 guest. It
+#: starts on the CPUs of the first stream to end; unpinned, after both.
 ALONE = "tests/test_browser.py"
 NO_TESTS = 5  # pytest's exit status when nothing was collected
 
@@ -127,46 +129,64 @@ def _pump(name: str, proc: subprocess.Popen, lock: threading.Lock) -> None:
 
 def main(args: list[str], plan: dict[str, list[str]] | None = None,
          then: dict[str, list[str]] | None = None) -> int:
-    """Run the streams (`plan`: name -> pytest paths; default `streams()`), then
-    `then` (default: the browser test alone), whatever the streams' outcome."""
+    """Run the streams (`plan`: name -> pytest paths; default `streams()`) and
+    `then` (default: the browser test alone), whatever the streams' outcome:
+    with the streams pinned, each of `then` starts on the CPUs of the first
+    stream to end while the others go on; unpinned, after every stream."""
     if os.environ.get("LAB_TEST_STREAMS") == "1":
         return subprocess.call([sys.executable, "-m", "pytest", "tests", "notebooks", *args],
                                cwd=REPO)
     t0 = time.monotonic()
-    codes: list[int] = []
-    for phase in (plan or streams(), then if then is not None else {"browser": [ALONE]}):
-        if not phase:
-            continue
-        status = _run(phase, args, t0)
-        if status is None:
-            return 130
-        codes += status
-    return exit_status(codes)
+    plan = plan or streams()
+    then = then if then is not None else {"browser": [ALONE]}
+    shares = cpu_shares(len(plan))
+    if shares is None:  # nothing keeps a stream off the other's CPUs: one phase after the other
+        codes: list[int] = []
+        for phase in (plan, then):
+            status = _run(phase, [None] * len(phase), {}, args, t0) if phase else []
+            if status is None:
+                return 130
+            codes += status
+        return exit_status(codes)
+    status = _run(plan, shares, then, args, t0)
+    return 130 if status is None else exit_status(status)
 
 
-def _run(plan: dict[str, list[str]], args: list[str], t0: float) -> list[int] | None:
-    """Run `plan`'s pytest processes side by side; their exit statuses, or
-    None if interrupted (each got one SIGINT and was waited for)."""
+def _run(plan: dict[str, list[str]], shares: list[list[int] | None],
+         then: dict[str, list[str]], args: list[str], t0: float) -> list[int] | None:
+    """Run `plan`'s pytest processes side by side, each on its share of the
+    CPUs, and `then`'s one at a time on the share of the first process to end;
+    their exit statuses, or None if interrupted (each got one SIGINT and was
+    waited for)."""
     lock = threading.Lock()
     procs: dict[str, subprocess.Popen] = {}
+    on_cpus: dict[str, list[int] | None] = {}
     pumps = []
     ended: dict[str, float] = {}
+    queue = list(then.items())
+
+    def launch(name: str, paths: list[str], cpus: list[int] | None) -> None:
+        on = f" (on CPU{'s' if len(cpus) > 1 else ''} {','.join(map(str, cpus))})" if cpus else ""
+        print(f"[{name}] pytest {' '.join(paths)}{on}", flush=True)
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-u", "-m", "pytest", *paths, *args], cwd=REPO,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_start_in(cpus))
+        on_cpus[name] = cpus
+        pumps.append(threading.Thread(target=_pump, args=(name, procs[name], lock), daemon=True))
+        pumps[-1].start()
+
     try:
-        shares = cpu_shares(len(plan)) or [None] * len(plan)
         for (name, paths), cpus in zip(plan.items(), shares):
-            on = f" (on CPU{'s' if len(cpus) > 1 else ''} {','.join(map(str, cpus))})" if cpus else ""
-            print(f"[{name}] pytest {' '.join(paths)}{on}", flush=True)
-            proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", "pytest", *paths, *args], cwd=REPO,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_start_in(cpus))
-            procs[name] = proc
-            pumps.append(threading.Thread(target=_pump, args=(name, proc, lock), daemon=True))
-            pumps[-1].start()
-        while len(ended) < len(procs):
-            for name, proc in procs.items():
+            launch(name, paths, cpus)
+        if not procs and queue:
+            launch(*queue.pop(0), None)
+        while len(ended) < len(procs) or queue:
+            for name, proc in list(procs.items()):
                 if name not in ended and proc.poll() is not None:
                     ended[name] = time.monotonic() - t0
+                    if queue:  # the next of `then` on the CPUs this one leaves
+                        launch(*queue.pop(0), on_cpus[name])
             time.sleep(0.5)
     except KeyboardInterrupt:
         # the streams run in sessions of their own: the terminal's Ctrl-C reached

@@ -100,15 +100,25 @@ def every_cpu():
     os.sched_setaffinity(0, own)
 
 
-def test_each_stream_runs_on_its_own_cpus_and_the_phase_after_on_all(tmp_path, monkeypatch,
-                                                                     every_cpu):
+def test_each_stream_runs_on_its_own_cpus_and_the_one_after_on_the_first_freed(
+        tmp_path, monkeypatch, every_cpu):
+    """`last` starts while `two` still runs, on the CPUs `one` left: `two` ends
+    only once `last` has written its CPUs (waiting for every stream first would
+    never end: the test times out)."""
     monkeypatch.delenv("LAB_TEST_PIN", raising=False)
-    probe = ("import json, os\ndef test_cpus():\n    open({out!r}, 'w').write("
-             "json.dumps(sorted(os.sched_getaffinity(0))))\n")
+    probe = ("import json, os, time\ndef test_cpus():\n"
+             "    open({out!r}, 'w').write(json.dumps(sorted(os.sched_getaffinity(0))))\n")
+    waits = ("    deadline = time.monotonic() + 60\n"
+             "    while not os.path.exists({marker!r}):\n"
+             "        assert time.monotonic() < deadline, 'last did not start beside two'\n"
+             "        time.sleep(0.1)\n")
     paths = {}
     for name in ("one", "two", "last"):
         paths[name] = tmp_path / f"test_{name}.py"
-        paths[name].write_text(probe.format(out=str(tmp_path / f"{name}.json")))
+        body = probe.format(out=str(tmp_path / f"{name}.json"))
+        if name == "two":
+            body += waits.format(marker=str(tmp_path / "last.json"))
+        paths[name].write_text(body)
     status = streams.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
                           plan={"one": [str(paths["one"])], "two": [str(paths["two"])]},
                           then={"last": [str(paths["last"])]})
@@ -116,7 +126,27 @@ def test_each_stream_runs_on_its_own_cpus_and_the_phase_after_on_all(tmp_path, m
     seen = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in paths}
     mine = sorted(os.sched_getaffinity(0))
     assert seen["one"] and seen["two"] and not set(seen["one"]) & set(seen["two"]), seen
-    assert sorted(seen["one"] + seen["two"]) == mine and seen["last"] == mine, seen
+    assert sorted(seen["one"] + seen["two"]) == mine and seen["last"] == seen["one"], seen
+
+
+def test_unpinned_the_one_after_runs_after_every_stream_on_all_cpus(tmp_path, monkeypatch,
+                                                                    every_cpu):
+    monkeypatch.setenv("LAB_TEST_PIN", "0")
+    probe = ("import json, os\ndef test_cpus():\n"
+             "    assert os.path.exists({before!r}), 'started before the streams ended'\n"
+             "    open({out!r}, 'w').write(json.dumps(sorted(os.sched_getaffinity(0))))\n")
+    slow = ("import time\ndef test_slow():\n    time.sleep(2)\n"
+            "    open({out!r}, 'w').write('done')\n")
+    (tmp_path / "test_one.py").write_text(slow.format(out=str(tmp_path / "one.done")))
+    (tmp_path / "test_last.py").write_text(probe.format(before=str(tmp_path / "one.done"),
+                                                        out=str(tmp_path / "last.json")))
+    (tmp_path / "test_two.py").write_text("def test_ok():\n    assert True\n")
+    status = streams.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
+                          plan={"one": [str(tmp_path / "test_one.py")],
+                                "two": [str(tmp_path / "test_two.py")]},
+                          then={"last": [str(tmp_path / "test_last.py")]})
+    assert status == 0
+    assert json.loads((tmp_path / "last.json").read_text()) == sorted(os.sched_getaffinity(0))
 
 
 def test_a_run_keeps_no_engine_idle_for_a_notebook_that_starts_its_own(tmp_path):
