@@ -17,7 +17,8 @@ then applies no binding of its own. `in_process_env(env)` does that where the
 worker has every core anyway, with the OpenMP variables vLLM would have given
 the worker's process: one process fewer to start (~6 s on 2 cores), but decode
 that collapses when another job computes on the same cores, so the `cpu`
-profile leaves it off (its numbers are in `profiles/cpu.toml`).
+profile does it only where the engine has one core (`wants_in_process`,
+"one-core"; the numbers are in `profiles/cpu.toml`).
 
 `binding_env(...)` builds those environments from libraries found on this
 machine; `benchmarks/thread_binding.py` measures them against each other and
@@ -120,6 +121,24 @@ def in_process_env(env: Mapping[str, str], cpus: list[int] | None = None,
     if bound != cpus or env.get("VLLM_CPU_NUM_OF_RESERVED_CPU") != "0":
         return env
     return {**env, MULTIPROCESSING: "0", **worker_omp_env(cpus, env.get("LD_PRELOAD", ""))}
+
+
+#: `[cpu_binding] in_process = "one-core"`: the worker inside the engine core only
+#: where this process may use a single CPU (each stream of `make test`, a 1-core
+#: machine). There a worker process of its own only adds a process to start and
+#: an engine core that polls it on the same core; one OpenMP thread has no barrier
+#: to wait at, so nothing collapses when another job shares the core.
+ONE_CORE = "one-core"
+
+
+def wants_in_process(mode: object, cpus: list[int] | None = None) -> bool:
+    """Whether a profile's `[cpu_binding] in_process` (true, false or
+    "one-core") puts the worker inside the engine core on `cpus` (default:
+    the CPUs this process may use); `in_process_env` still decides whether
+    the engine's binding and flags allow it."""
+    if mode == ONE_CORE:
+        return len(cpus if cpus is not None else os.sched_getaffinity(0)) == 1
+    return mode is True
 
 
 def worker_omp_env(cpus: list[int], ld_preload: str = "") -> dict[str, str]:

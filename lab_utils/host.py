@@ -181,13 +181,19 @@ def measured_compute(engine, prefill_run: Callable[[], Any], full_run: Callable[
 def worker_threads(engine) -> int | None:
     """How many threads compute the model in a local CPU engine, from its log
     (`machine.parse_engine_binding`): the worker's torch threads, else the
-    cores of its binding record; None when the log says neither."""
+    cores of its binding record; for a worker inside the engine core whose log
+    says neither (vLLM logs nothing when OMP_NUM_THREADS is set and 1), the
+    OMP_NUM_THREADS it started with, which vLLM's torch threads follow
+    (`vllm.utils.torch_utils.set_torch_threads_for_runtime`); None otherwise."""
     from .machine import parse_engine_binding
     try:
         got = parse_engine_binding(engine.server.log_path.read_text(errors="replace"))
     except (AttributeError, OSError):
         return None
     cores = got.get("core_ids") or [[]]
+    if not got.get("torch_threads") and got.get("executor") == "uni":
+        omp = str((getattr(engine.server, "env", None) or {}).get("OMP_NUM_THREADS", ""))
+        return int(omp) if omp.isdigit() and int(omp) > 0 else None
     return int(got.get("torch_threads") or len(cores[-1])) or None
 
 

