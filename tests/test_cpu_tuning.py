@@ -117,7 +117,8 @@ def test_a_missing_library_names_its_fix(monkeypatch):
     assert any("libtcmalloc-minimal4" in str(w.message) for w in caught)
 
 
-def test_profile_env_precedence(cpu):
+def test_profile_env_precedence(cpu, monkeypatch):
+    monkeypatch.delenv("LAB_CPU_ISA", raising=False)  # `LAB_CPU_ISA=avx2 make test` adds its own
     p = dataclasses.replace(cpu, cpu_binding={"bind": "all"}, env={"VLLM_CPU_KVCACHE_SPACE": "2"})
     env = p.server_env({"VLLM_CPU_OMP_THREADS_BIND": "1"})   # a per-engine override wins
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"

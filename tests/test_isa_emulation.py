@@ -124,6 +124,8 @@ def test_the_probe_under_avx2_fails_where_an_avx2_cpu_failed_and_for_its_reason(
     monkeypatch.setenv("LAB_MODEL_DIR", str(cpu.model_for()))
     (tmp_path / "models").symlink_to(cache_dir() / "models")  # checkpoints: build once
     monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))          # a fresh probe cache
+    monkeypatch.delenv(ISA_ENV, raising=False)  # the machine as it is, under LAB_CPU_ISA too
+    machine._static_info.cache_clear()
     real = machine.fingerprint()
     monkeypatch.setenv(ISA_ENV, "avx2")
     machine._static_info.cache_clear()
