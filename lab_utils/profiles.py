@@ -84,11 +84,10 @@ class Profile:
             from .cpu_tuning import isa_env  # LAB_CPU_ISA=avx2: run as on an AVX2-only CPU
             env.update(isa_env())
         env = {**env, **self.env, **{str(k): str(v) for k, v in (extra or {}).items()}}
-        from .cpu_tuning import wants_in_process
+        from .cpu_tuning import in_process_env, wants_in_process
         if wants_in_process(self.cpu_binding.get("in_process")):
             # after the overrides: an engine bound to a share of the cores keeps
             # vLLM's worker process, which applies that binding
-            from .cpu_tuning import in_process_env
             env = in_process_env(env, flags=flags)
         return env
 
@@ -195,7 +194,8 @@ def load_profile(name: str = "cpu", *, base_url: str = "", **engine_overrides: A
         raise ConfigError(f"{path}: unknown [cpu_binding] keys {sorted(bad)}; allowed: "
                           "bind ('auto', 'all' or a CPU list), tcmalloc, iomp, in_process "
                           "(true, false or \"one-core\")")
-    if data["cpu_binding"].get("in_process", False) not in (True, False, "one-core"):
+    from .cpu_tuning import ONE_CORE
+    if data["cpu_binding"].get("in_process", False) not in (True, False, ONE_CORE):
         raise ConfigError(f"{path}: [cpu_binding] in_process = "
                           f"{data['cpu_binding']['in_process']!r}; allowed: true, false or "
                           "\"one-core\" (the worker inside the engine core only where the "

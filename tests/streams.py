@@ -179,8 +179,6 @@ def _run(plan: dict[str, list[str]], shares: list[list[int] | None],
     try:
         for (name, paths), cpus in zip(plan.items(), shares):
             launch(name, paths, cpus)
-        if not procs and queue:
-            launch(*queue.pop(0), None)
         while len(ended) < len(procs) or queue:
             for name, proc in list(procs.items()):
                 if name not in ended and proc.poll() is not None:
