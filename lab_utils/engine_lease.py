@@ -88,6 +88,7 @@ class SharedServer(ServerView):
         self.log_path = Path(lease["log_path"])
         self.reused = bool(lease["reused"])
         self.startup_s = None if self.reused else lease["startup_s"]
+        self.started_at = None if self.reused else lease.get("started_at")
         self.reused_from = lease["first_notebook"] if self.reused else None
         self.proc: _Leader | None = _Leader(int(lease["pid"]))
         self.served_model_name = served_model_name

@@ -200,18 +200,22 @@ class Broker:
             return VLLMServer(_with_port(argv, port), port=port, log_path=Path(log_path),
                               env={**env, **DEV_MODE}, startup_timeout_s=startup_timeout_s,
                               served_model_name=served_model_name)
+        # launched on the starter thread, waited for on this call's own: a
+        # kernel's engines started together (`EnginePool.start_ahead`) start
+        # side by side, each a call of its own
         server = start_on_a_free_port(server_on, _port_of(argv),
-                                      start=lambda s: self._in_starter(s.start))
+                                      start=lambda s: self._in_starter(s.launch).wait_ready())
         shared = _Shared(key, server, notebook, uses=[notebook])
         with self._lock:
             self._engines.append(shared)
-        self.starts += 1
+            self.starts += 1
         return self._lease(shared, reused=False)
 
     def _lease(self, e: _Shared, reused: bool) -> dict[str, Any]:
         s = e.server
         return {"key": e.key, "port": s.port, "host": s.host, "pid": s.proc.pid,
                 "log_path": str(s.log_path), "startup_s": s.startup_s, "reused": reused,
+                "started_at": getattr(s, "started_at", None),
                 "first_notebook": e.uses[0], "uses": len(e.uses)}
 
     def release(self, key: str, port: int, notebook: str = "") -> dict[str, Any]:

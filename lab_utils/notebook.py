@@ -275,12 +275,18 @@ class NotebookContext:
             print(f"cannot explore this engine here: {exc}")
             return None
 
-    def _start(self, role, env, flags, arm_name, knobs=None):
-        engine = self.engines.get(role, env=env, knobs=knobs, **flags)
+    def _start(self, role, env, flags, arm_name, knobs=None, ahead=None):
+        engine = self.engines.get(role, env=env, knobs=knobs, ahead=ahead, **flags)
         engine.arm = arm_name
+        if engine.started_beside and self.plan is not None:  # a key: name its arm
+            engine.started_beside = next((a.name for a in self.plan.arms
+                                          if a.key == engine.started_beside),
+                                         engine.started_beside)
         started = ""
         if engine.server is not None and engine.server.startup_s is not None:
             started = f", started in {engine.server.startup_s:.1f} s"
+            if engine.started_beside:
+                started += f" side by side with [{engine.started_beside}]"
         elif getattr(engine.server, "reused_from", None):
             started = f", already running (started by {engine.server.reused_from}, shared by the run)"
         print(f"[{arm_name or engine.label}] {engine.command}{started}")
@@ -299,7 +305,11 @@ class NotebookContext:
         shared = self.engines.shared
         try:
             self.engines.shared = shared and not a.fresh  # a fresh arm's is never lent
-            return self.engine(a.role, env=a.env or None, **dict(a.flags))
+            nxt = self._next_arm(a)
+            return self._start(a.role, a.env or None, dict(a.flags),
+                               a.name if self.plan is not None else None, knobs=self.plan,
+                               ahead=(nxt.role, dict(nxt.flags), nxt.env or None) if nxt
+                               else None)
         except ArmUnavailable as exc:
             self.skip(a, str(exc))
         except ServerError as exc:
@@ -311,6 +321,17 @@ class NotebookContext:
         finally:
             self.engines.shared = shared
         return None
+
+    def _next_arm(self, a: Arm) -> Arm | None:
+        """The plan's arm after `a`, which may start side by side with it
+        (`EnginePool.get(ahead=...)`): None after the last arm and where
+        either is `fresh` (its start is what a notebook measures, e.g. 03's
+        cold starts) or the plan is not this notebook's."""
+        arms = list(self.plan.arms) if self.plan is not None else []
+        if a not in arms or a.fresh:
+            return None
+        later = arms[arms.index(a) + 1:]
+        return later[0] if later and not later[0].fresh else None
 
     def arms_together(self, names: Sequence[str], needs: str) -> dict[str, Any]:
         """The engines of arms that must all run at once ({name: engine}, the

@@ -103,7 +103,12 @@ def engine_budget(results: dict[str, dict], status: dict) -> dict[str, Any]:
     start-up seconds against the notebooks' seconds; engines the run's broker
     lent a notebook already running (`lent`, no start of their own); and what
     reusing an identical engine across notebooks would still save (every start
-    of a configuration after its first in another notebook)."""
+    of a configuration after its first in another notebook).
+
+    Starts that overlapped (engines started side by side, `started_at` and
+    `startup_s` of each) count once: `startup_s` is the time the run spent
+    with at least one engine starting, `own_s` the sum of each start's own
+    time, `side_by_side` how many starts overlapped another."""
     starts, lent = [], 0
     for notebook, data in results.items():
         for e in data.get("engines", []):
@@ -111,17 +116,26 @@ def engine_budget(results: dict[str, dict], status: dict) -> dict[str, Any]:
                 lent += 1
             elif e.get("startup_s") is not None:
                 config = engine_command(e.get("command", ""))
-                starts.append((notebook, config, float(e["startup_s"])))
+                starts.append((notebook, config, float(e["startup_s"]), e.get("started_at")))
     first_in: dict[str, str] = {}
     saved_n, saved_s = 0, 0.0
-    for notebook, config, secs in starts:
+    for notebook, config, secs, _ in starts:
         if config not in first_in:
             first_in[config] = notebook
         elif first_in[config] != notebook:
             saved_n, saved_s = saved_n + 1, saved_s + secs
     run_s = sum(nb.get("seconds") or 0.0 for nb in status.get("notebooks", []))
-    start_s = sum(s for _, _, s in starts)
+    own_s = sum(s for _, _, s, _ in starts)
+    timed = sorted((float(at), float(at) + s) for _, _, s, at in starts if at is not None)
+    start_s = own_s - sum(s for _, _, s, at in starts if at is not None)  # untimed: apart
+    side, end = 0, -math.inf
+    for i, (a, b) in enumerate(timed):
+        overlaps = a < end or (i + 1 < len(timed) and timed[i + 1][0] < b)
+        side += overlaps
+        start_s += max(0.0, b - max(a, end))
+        end = max(end, b)
     return {"starts": len(starts), "configurations": len(first_in), "startup_s": start_s,
+            "own_s": own_s, "side_by_side": side,
             "notebooks_s": run_s, "share": start_s / run_s if run_s else math.nan,
             "lent": lent, "reusable_starts": saved_n, "reusable_s": saved_s}
 
@@ -132,9 +146,11 @@ def _budget_line(results: dict[str, dict], status: dict) -> list[str]:
         return []
     lent = (f"; {b['lent']} more engines lent already running by the run's broker "
             "(lab_utils.engine_share)" if b["lent"] else "")
+    side = (f" ({b['side_by_side']} of them started side by side: their own times sum to "
+            f"{b['own_s']:,.0f} s)" if b["side_by_side"] else "")
     return ["", f"engine starts: {b['starts']} ({b['configurations']} distinct configurations), "
                 f"{b['startup_s']:,.0f} s of the notebooks' {b['notebooks_s']:,.0f} s "
-                f"({b['share']:.0%}){lent}; configurations started again in a later "
+                f"({b['share']:.0%}){side}{lent}; configurations started again in a later "
                 f"notebook (a new process on purpose, or not shared): {b['reusable_starts']} "
                 f"starts, {b['reusable_s']:,.0f} s"]
 

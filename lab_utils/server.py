@@ -93,6 +93,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 #: Ports an engine start tries, each picked free, before it gives up.
 PORT_ATTEMPTS = 3
+#: LAB_START_AHEAD=0: never start a notebook's next engine beside the one asked
+#: for; =1: also on one CPU (`EnginePool.starts_side_by_side`).
+START_AHEAD_ENV = "LAB_START_AHEAD"
+#: No engine starts ahead while less than this share of the machine's memory is
+#: available (one idle engine of the cpu profile holds ~3.2 GiB: cpu.toml).
+AHEAD_MIN_FREE = 0.4
 
 
 class PortInUse(ConfigError):
@@ -132,12 +138,28 @@ class VLLMServer(ServerView):
         self.served_model_name = served_model_name
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
+        #: time.time() at the launch: starts that overlapped count once in a
+        #: run's budget (`report.engine_budget`)
+        self.started_at: float | None = None
+        self._t0 = 0.0
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> VLLMServer:
+        """Start the server and wait until it is healthy (`launch`, then
+        `wait_ready`)."""
+        if self.alive:
+            return self
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> VLLMServer:
+        """Start the process without waiting for it (PortInUse when the port is
+        taken). Several servers launched before any is waited for start side by
+        side (`EnginePool.get(ahead=...)`). The thread that launches it must
+        outlive it: PR_SET_PDEATHSIG stops the server when that thread ends."""
         if self.alive:
             return self
         if port_in_use(self.port, self.host):
@@ -150,18 +172,30 @@ class VLLMServer(ServerView):
         log = open(self.log_path, "ab")
         log.write(f"$ {self.command}\n".encode())
         log.flush()
-        t0 = time.perf_counter()
+        self._t0 = time.perf_counter()
+        self.started_at = time.time()
+        self.startup_s = None
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env,
                                      preexec_fn=die_with_parent)
         log.close()
         _RUNNING.add(self)
+        return self
+
+    def wait_ready(self) -> VLLMServer:
+        """Wait until a launched server is healthy; `startup_s` is the time
+        from its launch. A server that dies or stays unhealthy is stopped and
+        raises ServerError (with its log's last lines), as does Ctrl-C."""
+        if self.proc is None:
+            raise ServerError(f"{self.what} was not launched: {self.command}")
+        if self.startup_s is not None:
+            return self
         try:
             self._wait_healthy()
         except BaseException:  # KeyboardInterrupt included: never leave it running
             self.stop()
             raise
-        self.startup_s = time.perf_counter() - t0
+        self.startup_s = time.perf_counter() - self._t0
         return self
 
     #: How the server is named in errors, and how often its health is polled.
@@ -256,6 +290,9 @@ class Engine:
     #: what a reader must know of how the remote server serves this arm.
     emulation: Any = None
     remote_notes: list[str] = field(default_factory=list)
+    #: The engine (its label, or its arm's name) this one started side by side
+    #: with (`EnginePool.get(ahead=...)`), None when it started alone.
+    started_beside: str | None = None
 
     @property
     def command(self) -> str:
@@ -287,6 +324,8 @@ class Engine:
         return {"label": self.label, "flags": self.flags, "command": self.command,
                 "base_url": self.base_url, "model": self.model,
                 "startup_s": self.server.startup_s if self.server else None,
+                "started_at": getattr(self.server, "started_at", None) if self.server else None,
+                **({"started_beside": self.started_beside} if self.started_beside else {}),
                 "log": str(self.server.log_path) if self.server else None,
                 "binding": binding,
                 **({"shared": {"reused_from": self.server.reused_from,
@@ -330,6 +369,14 @@ def start_on_a_free_port(server_on: Callable[[int], VLLMServer], port: int,
     raise AssertionError("unreachable")
 
 
+@dataclass
+class _Pending:
+    """A start under way (`EnginePool._begin`): `finish()` waits for the
+    server and gives its Engine; `abandon()` stops it whenever it is up."""
+    finish: Callable[[], Engine]
+    abandon: Callable[[], None]
+
+
 class EnginePool:
     """Hands out engines by flags; identical flags reuse one running server.
 
@@ -346,6 +393,10 @@ class EnginePool:
         #: starts its own (a new process that has served nothing).
         self.shared = True
         self._engines: dict[str, Engine] = {}
+        #: engines started ahead of their turn, not asked for yet
+        self._ahead: set[str] = set()
+        #: every engine key started ahead in this pool: none starts ahead twice
+        self._begun: set[str] = set()
         self._starts = 0
         self._server_info = None
         _install_sigterm_handler()
@@ -358,7 +409,7 @@ class EnginePool:
         return self._server_info
 
     def get(self, role: str | None = None, *, env: Mapping[str, str] | None = None,
-            knobs: Any = None, **flags: Any) -> Engine:
+            knobs: Any = None, ahead: tuple | None = None, **flags: Any) -> Engine:
         """The engine for these technique flags (started if needed).
 
         `role` picks another model of the profile (e.g. 'small', 'awq');
@@ -366,21 +417,50 @@ class EnginePool:
         VLLM_CPU_OMP_THREADS_BIND), on top of the profile's [env]. On a remote
         target, `knobs` (a set of flag names, or the notebook's Plan) are the
         flags the notebook compares: an arm setting one the server does not
-        tell is unavailable (`lab_utils.remote.place`); None: every flag given."""
+        tell is unavailable (`lab_utils.remote.place`); None: every flag given.
+
+        `ahead` (role, flags, env) names the engine the notebook asks for next:
+        where this one must start and `starts_side_by_side()`, both start
+        together and that one waits until asked for (`_start_together`)."""
         env = {str(k): str(v) for k, v in (env or {}).items()}
         label = {**flags, **({"model_role": role} if role else {}),
                  **{f"env:{k}": v for k, v in env.items()}}
         key = engine_key(role, flags, env)
         engine = self._engines.get(key)
         if engine is not None and (engine.server is None or engine.server.alive):
+            if key in self._ahead:  # its turn: now it counts against `keep`
+                self._ahead.discard(key)
+                self._make_room(self.keep - 1, keep_key=key)
             return engine
+        self._ahead.discard(key)
         if self.profile.is_remote:
             engine = self._remote(key, label, role, env, flags, knobs)
         else:
-            engine = self._start(key, role, flags, env)
+            nxt = self._ahead_of(key, ahead)
+            engine = (self._start_together(key, role, flags, env, nxt) if nxt else
+                      self._start(key, role, flags, env))
             engine.role = role
         self._engines[key] = engine
         return engine
+
+    def _ahead_of(self, key: str, ahead: tuple | None) -> tuple | None:
+        """(key, role, flags, env) of `ahead` when it may start now beside
+        `key`: side by side allowed here, nothing already ahead, at least
+        AHEAD_MIN_FREE of the memory available, and that engine neither
+        running nor started ahead before in this pool."""
+        if ahead is None or self._ahead or not self.starts_side_by_side():
+            return None
+        import psutil
+        mem = psutil.virtual_memory()
+        if mem.available < AHEAD_MIN_FREE * mem.total:  # an idle engine holds its memory
+            return None
+        role, flags, env = ahead
+        env = {str(k): str(v) for k, v in (env or {}).items()}
+        a_key = engine_key(role, flags, env)
+        if a_key == key or a_key in self._engines or a_key in self._begun:
+            return None
+        self._begun.add(a_key)
+        return a_key, role, dict(flags), env
 
     def _remote(self, key: str, label: dict[str, Any], role: str | None,
                 env: Mapping[str, str], flags: Mapping[str, Any], knobs: Any = None) -> Engine:
@@ -418,10 +498,26 @@ class EnginePool:
 
     def _start(self, key: str, role: str | None, flags: dict[str, Any],
                env: Mapping[str, str] | None = None) -> Engine:
-        p = self.profile
-        running = [k for k, e in self._engines.items() if e.server and e.server.alive]
-        while len(running) >= self.keep:
+        self._make_room(self.keep - 1)
+        return self._begin(role, flags, env).finish()
+
+    def _make_room(self, others: int, keep_key: str = "") -> None:
+        """Stop the oldest running engines until at most `others` run besides
+        `keep_key`; an engine started ahead and not yet asked for is not
+        counted and keeps running."""
+        running = [k for k, e in self._engines.items() if e.server and e.server.alive
+                   and k != keep_key and k not in self._ahead]
+        while len(running) > max(0, others):
             self._engines.pop(running.pop(0)).server.stop()
+
+    def _begin(self, role: str | None, flags: dict[str, Any],
+               env: Mapping[str, str] | None = None, threads=None) -> _Pending:
+        """Start an engine's server without waiting for it (`_Pending.finish`
+        waits and gives its Engine). A local server is launched here, on this
+        thread (`VLLMServer.launch`); the run's broker starts one in its own
+        process, through `threads` (an executor) when given, else when
+        `finish` is called."""
+        p = self.profile
         model_path = p.model_for(role)
         from . import engine_lease
 
@@ -431,30 +527,98 @@ class EnginePool:
             self._starts += 1  # a fresh start with the same flags gets its own log
             return argv, self.log_dir / f"vllm-{self._starts:02d}-{digest}.log"
 
+        def engine(server) -> Engine:
+            return Engine(p, dict(flags), server.base_url, p.served_model_name or model_path,
+                          model_path=model_path, server=server, role=role,
+                          info={"cache_config": cache_config(server.base_url)})
+
         if self.shared and engine_lease.broker_url():
             # the broker starts (or lends) it; a start there moves off a taken port
             argv, log_path = command(free_port())
-            server = engine_lease.acquire(argv, p.server_env(env, flags), log_path,
-                                          notebook=self.log_dir.name,
-                                          startup_timeout_s=p.startup_timeout_s,
-                                          served_model_name=p.served_model_name)
-        else:
-            def server_on(port: int) -> VLLMServer:
-                argv, log_path = command(port)
-                return VLLMServer(argv, port=port, log_path=log_path,
-                                  env=p.server_env(env, flags),
-                                  startup_timeout_s=p.startup_timeout_s,
-                                  served_model_name=p.served_model_name)
-            server = start_on_a_free_port(server_on, free_port())
-        name = p.served_model_name or model_path
-        return Engine(p, dict(flags), server.base_url, name, model_path=model_path,
-                      server=server, info={"cache_config": cache_config(server.base_url)})
+
+            def acquire():
+                return engine_lease.acquire(argv, p.server_env(env, flags), log_path,
+                                            notebook=self.log_dir.name,
+                                            startup_timeout_s=p.startup_timeout_s,
+                                            served_model_name=p.served_model_name)
+            if threads is None:
+                return _Pending(lambda: engine(acquire()), lambda: None)
+            future = threads.submit(acquire)
+
+            def give_back(f) -> None:  # the broker's lease, once it comes
+                if not f.cancelled() and f.exception() is None:
+                    f.result().stop()
+            return _Pending(lambda: engine(future.result()),
+                            lambda: future.add_done_callback(give_back))
+
+        def server_on(port: int) -> VLLMServer:
+            argv, log_path = command(port)
+            return VLLMServer(argv, port=port, log_path=log_path, env=p.server_env(env, flags),
+                              startup_timeout_s=p.startup_timeout_s,
+                              served_model_name=p.served_model_name)
+        server = start_on_a_free_port(server_on, free_port(), start=lambda s: s.launch())
+        return _Pending(lambda: engine(server.wait_ready()), server.stop)
+
+    def starts_side_by_side(self) -> bool:
+        """Whether this pool may start an engine ahead of its turn, beside the
+        one asked for (`get(ahead=...)`): local engines of a `cpu` profile on 2
+        or more CPUs, where a start keeps about one core busy (the imports of
+        vLLM's processes, one after another) and an idle engine costs little.
+        Never on a GPU, where each engine takes most of its memory. The
+        environment decides first: LAB_START_AHEAD=0 never, =1 on any
+        number of CPUs."""
+        if self.profile.is_remote or self.profile.device != "cpu":
+            return False
+        forced = os.environ.get(START_AHEAD_ENV, "")
+        return forced == "1" or (forced != "0" and len(os.sched_getaffinity(0)) >= 2)
+
+    def _start_together(self, key: str, role: str | None, flags: dict[str, Any],
+                        env: Mapping[str, str] | None, ahead: tuple) -> Engine:
+        """The engine asked for, started side by side with `ahead` ((key,
+        role, flags, env) of the one the notebook asks for next), which then
+        waits, idle and not counted against `keep`, until asked for. A start
+        of `ahead` that fails is dropped: asked for later, it starts again
+        alone and fails there, as it would have."""
+        from concurrent.futures import ThreadPoolExecutor
+        a_key, a_role, a_flags, a_env = ahead
+        self._make_room(self.keep - 1)
+        threads = ThreadPoolExecutor(2, thread_name_prefix="lab-engine-start")
+        other = None
+        try:
+            first = self._begin(role, flags, env, threads)
+            try:
+                second = self._begin(a_role, a_flags, a_env, threads)
+            except Exception:  # e.g. its model cannot be built: it fails in its turn
+                second = None
+            try:
+                engine = first.finish()
+            except Exception:
+                if second is not None:  # it may still serve: keep it for its turn
+                    with contextlib.suppress(Exception):
+                        other = second.finish()
+                raise
+            except BaseException:  # Ctrl-C: nothing left starting
+                if second is not None:
+                    second.abandon()
+                raise
+            if second is not None:
+                with contextlib.suppress(Exception):
+                    other = second.finish()
+        finally:
+            threads.shutdown(wait=False)
+            if other is not None:
+                self._engines[a_key] = other
+                self._ahead.add(a_key)
+        if other is not None:
+            other.started_beside, engine.started_beside = key, a_key
+        return engine
 
     def close(self) -> None:
         for engine in self._engines.values():
             if engine.server:
                 engine.server.stop()
         self._engines.clear()
+        self._ahead.clear()
 
     def __enter__(self) -> EnginePool:
         return self

@@ -94,17 +94,17 @@ def test_a_start_whose_port_was_taken_since_the_kernel_picked_it_moves(cpu, tmp_
         holder.listen()
         held = holder.getsockname()[1]
         tried = []
-        real_start = srv.VLLMServer.start
+        real_launch = srv.VLLMServer.launch
 
         class Launched(Exception):
             pass
 
-        def start(self):
+        def launch(self):
             tried.append((self.port, self.argv[self.argv.index("--port") + 1]))
             if self.port == held:
-                return real_start(self)      # refuses: the port is in use
-            raise Launched(self.port)        # where the real start would launch vLLM
-        monkeypatch.setattr(srv.VLLMServer, "start", start)
+                return real_launch(self)     # refuses: the port is in use
+            raise Launched(self.port)        # where the real launch would start vLLM
+        monkeypatch.setattr(srv.VLLMServer, "launch", launch)
         b = Broker([("nb", [])], min_free_fraction=0)
         with pytest.raises(Launched):
             b.acquire(engine_argv(cpu, {}, port=held, model="/m"), {}, str(tmp_path / "v.log"),
