@@ -305,11 +305,10 @@ class NotebookContext:
         shared = self.engines.shared
         try:
             self.engines.shared = shared and not a.fresh  # a fresh arm's is never lent
-            nxt = self._next_arm(a)
             return self._start(a.role, a.env or None, dict(a.flags),
                                a.name if self.plan is not None else None, knobs=self.plan,
-                               ahead=(nxt.role, dict(nxt.flags), nxt.env or None) if nxt
-                               else None)
+                               ahead=[(x.role, dict(x.flags), x.env or None)
+                                      for x in self._arms_after(a)])
         except ArmUnavailable as exc:
             self.skip(a, str(exc))
         except ServerError as exc:
@@ -322,16 +321,18 @@ class NotebookContext:
             self.engines.shared = shared
         return None
 
-    def _next_arm(self, a: Arm) -> Arm | None:
-        """The plan's arm after `a`, which may start side by side with it
-        (`EnginePool.get(ahead=...)`): None after the last arm and where
-        either is `fresh` (its start is what a notebook measures, e.g. 03's
-        cold starts) or the plan is not this notebook's."""
+    def _arms_after(self, a: Arm) -> list[Arm]:
+        """The plan's other arms in the order a notebook asks for them after
+        `a` (those after it, then those before), any of which may start side by
+        side with it (`EnginePool.get(ahead=...)` starts the first not started
+        yet). None where `a` or an arm is `fresh` (its start is what the
+        notebook measures, e.g. 03's cold starts) or the plan is not this
+        notebook's."""
         arms = list(self.plan.arms) if self.plan is not None else []
         if a not in arms or a.fresh:
-            return None
-        later = arms[arms.index(a) + 1:]
-        return later[0] if later and not later[0].fresh else None
+            return []
+        i = arms.index(a)
+        return [x for x in arms[i + 1:] + arms[:i] if not x.fresh]
 
     def arms_together(self, names: Sequence[str], needs: str) -> dict[str, Any]:
         """The engines of arms that must all run at once ({name: engine}, the

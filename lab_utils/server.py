@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -395,7 +395,7 @@ class EnginePool:
         self._engines: dict[str, Engine] = {}
         #: engines started ahead of their turn, not asked for yet
         self._ahead: set[str] = set()
-        #: every engine key started ahead in this pool: none starts ahead twice
+        #: every engine key this pool started: none starts ahead after that
         self._begun: set[str] = set()
         self._starts = 0
         self._server_info = None
@@ -409,7 +409,8 @@ class EnginePool:
         return self._server_info
 
     def get(self, role: str | None = None, *, env: Mapping[str, str] | None = None,
-            knobs: Any = None, ahead: tuple | None = None, **flags: Any) -> Engine:
+            knobs: Any = None, ahead: Sequence[tuple] | None = None,
+            **flags: Any) -> Engine:
         """The engine for these technique flags (started if needed).
 
         `role` picks another model of the profile (e.g. 'small', 'awq');
@@ -419,9 +420,10 @@ class EnginePool:
         flags the notebook compares: an arm setting one the server does not
         tell is unavailable (`lab_utils.remote.place`); None: every flag given.
 
-        `ahead` (role, flags, env) names the engine the notebook asks for next:
-        where this one must start and `starts_side_by_side()`, both start
-        together and that one waits until asked for (`_start_together`)."""
+        `ahead` lists (role, flags, env) of the engines the notebook asks for
+        next, in order: where this one must start and `starts_side_by_side()`,
+        the first of them that has not started yet starts beside it and waits
+        until asked for (`_start_together`)."""
         env = {str(k): str(v) for k, v in (env or {}).items()}
         label = {**flags, **({"model_role": role} if role else {}),
                  **{f"env:{k}": v for k, v in env.items()}}
@@ -437,30 +439,34 @@ class EnginePool:
             engine = self._remote(key, label, role, env, flags, knobs)
         else:
             nxt = self._ahead_of(key, ahead)
+            self._begun.add(key)
             engine = (self._start_together(key, role, flags, env, nxt) if nxt else
                       self._start(key, role, flags, env))
             engine.role = role
         self._engines[key] = engine
         return engine
 
-    def _ahead_of(self, key: str, ahead: tuple | None) -> tuple | None:
-        """(key, role, flags, env) of `ahead` when it may start now beside
-        `key`: side by side allowed here, nothing already ahead, at least
-        AHEAD_MIN_FREE of the memory available, and that engine neither
-        running nor started ahead before in this pool."""
-        if ahead is None or self._ahead or not self.starts_side_by_side():
-            return None
+    def _ahead_of(self, key: str, ahead: Sequence[tuple] | None) -> list[tuple]:
+        """(key, role, flags, env) of each of `ahead` ((role, flags, env) of the
+        engines the notebook asks for next, in order) that may start now beside
+        `key`: side by side allowed here, nothing already waiting ahead, at
+        least AHEAD_MIN_FREE of the memory available, and that engine never
+        started before in this pool (asked for again, it starts in its turn)."""
+        if not ahead or self._ahead or not self.starts_side_by_side():
+            return []
         import psutil
         mem = psutil.virtual_memory()
         if mem.available < AHEAD_MIN_FREE * mem.total:  # an idle engine holds its memory
-            return None
-        role, flags, env = ahead
-        env = {str(k): str(v) for k, v in (env or {}).items()}
-        a_key = engine_key(role, flags, env)
-        if a_key == key or a_key in self._engines or a_key in self._begun:
-            return None
-        self._begun.add(a_key)
-        return a_key, role, dict(flags), env
+            return []
+        out = []
+        for role, flags, env in ahead:
+            env = {str(k): str(v) for k, v in (env or {}).items()}
+            a_key = engine_key(role, flags, env)
+            if (a_key == key or a_key in self._engines or a_key in self._begun
+                    or a_key in [o[0] for o in out]):
+                continue
+            out.append((a_key, role, dict(flags), env))
+        return out
 
     def _remote(self, key: str, label: dict[str, Any], role: str | None,
                 env: Mapping[str, str], flags: Mapping[str, Any], knobs: Any = None) -> Engine:
@@ -573,44 +579,69 @@ class EnginePool:
         return forced == "1" or (forced != "0" and len(os.sched_getaffinity(0)) >= 2)
 
     def _start_together(self, key: str, role: str | None, flags: dict[str, Any],
-                        env: Mapping[str, str] | None, ahead: tuple) -> Engine:
-        """The engine asked for, started side by side with `ahead` ((key,
-        role, flags, env) of the one the notebook asks for next), which then
-        waits, idle and not counted against `keep`, until asked for. A start
-        of `ahead` that fails is dropped: asked for later, it starts again
-        alone and fails there, as it would have."""
+                        env: Mapping[str, str] | None, ahead: list[tuple]) -> Engine:
+        """The engine asked for, started side by side with the first of
+        `ahead` ((key, role, flags, env) of those the notebook asks for next),
+        and with the second too when the run's broker lent the one asked for
+        (no start of its own: two starts at a time still). Each started ahead
+        then waits, idle and not counted against `keep`, until asked for. A
+        start ahead that fails is dropped: asked for later, that engine starts
+        again alone and fails there, as it would have."""
         from concurrent.futures import ThreadPoolExecutor
-        a_key, a_role, a_flags, a_env = ahead
         self._make_room(self.keep - 1)
         threads = ThreadPoolExecutor(2, thread_name_prefix="lab-engine-start")
-        other = None
+        began: list[tuple[str, _Pending]] = []
+        done: list[tuple[str, Engine]] = []
+
+        def begin(spec: tuple) -> None:
+            a_key, a_role, a_flags, a_env = spec
+            self._begun.add(a_key)
+            with contextlib.suppress(Exception):  # e.g. its model cannot be built
+                began.append((a_key, self._begin(a_role, a_flags, a_env, threads)))
+
+        def collect() -> None:
+            while began:
+                a_key, pending = began.pop(0)
+                try:
+                    done.append((a_key, pending.finish()))
+                except Exception:
+                    pass  # it starts again, alone, when asked for
+                except BaseException:  # Ctrl-C: nothing left starting
+                    for _, rest in began:
+                        rest.abandon()
+                    began.clear()
+                    raise
+
         try:
             first = self._begin(role, flags, env, threads)
-            try:
-                second = self._begin(a_role, a_flags, a_env, threads)
-            except Exception:  # e.g. its model cannot be built: it fails in its turn
-                second = None
+            begin(ahead[0])
             try:
                 engine = first.finish()
             except Exception:
-                if second is not None:  # it may still serve: keep it for its turn
-                    with contextlib.suppress(Exception):
-                        other = second.finish()
+                with contextlib.suppress(Exception, KeyboardInterrupt):
+                    collect()  # they may still serve: kept for their turn
                 raise
-            except BaseException:  # Ctrl-C: nothing left starting
-                if second is not None:
-                    second.abandon()
+            except BaseException:
+                first.abandon()
+                for _, pending in began:
+                    pending.abandon()
                 raise
-            if second is not None:
-                with contextlib.suppress(Exception):
-                    other = second.finish()
+            if engine.server is not None and engine.server.startup_s is None and ahead[1:]:
+                begin(ahead[1])  # lent at once: another start beside the first one ahead
+            try:
+                collect()
+            except BaseException:
+                engine.server.stop()
+                raise
         finally:
             threads.shutdown(wait=False)
-            if other is not None:
+            for a_key, other in done:
                 self._engines[a_key] = other
                 self._ahead.add(a_key)
-        if other is not None:
-            other.started_beside, engine.started_beside = key, a_key
+        started = ([(key, engine)] if engine.server is None or engine.server.startup_s is not None
+                   else []) + done   # a lent engine started nothing
+        for k, e in started:
+            e.started_beside = next((o for o, _ in started if o != k), None)
         return engine
 
     def close(self) -> None:

@@ -19,8 +19,8 @@ from lab_utils.report import engine_budget
 
 DELAY_S = 3.0
 
-#: Serves /health with 200 after `delay` seconds (argv: --port P --delay D
-#: [--fail]); with --fail it exits with code 1 instead.
+#: Serves /health (and POST /reset_prefix_cache) with 200 after `delay` seconds
+#: (argv: --port P --delay D [--fail]); with --fail it exits with code 1 instead.
 STAND_IN = r'''
 import http.server, sys, time
 args = sys.argv[1:]
@@ -32,6 +32,9 @@ if "--fail" in args:
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def do_POST(self):  # the broker's /reset_prefix_cache before it lends one
+        self.send_response(200 if self.path == "/reset_prefix_cache" else 404)
         self.end_headers()
     def log_message(self, *a):
         pass
@@ -61,7 +64,7 @@ def test_the_engine_ahead_starts_beside_the_one_asked_for_and_is_handed_out_late
         pool, monkeypatch):
     monkeypatch.setenv(srv.START_AHEAD_ENV, "1")   # also on a stream's single CPU
     t0 = time.perf_counter()
-    a = pool.get(ahead=(None, {"delay": DELAY_S + 0.1}, None), delay=DELAY_S)
+    a = pool.get(ahead=[(None, {"delay": DELAY_S + 0.1}, None)], delay=DELAY_S)
     took = time.perf_counter() - t0
     # one after the other: >= 2 x 3 s; side by side: both up in about one delay
     assert took < 2 * DELAY_S - 0.5, f"{took:.1f} s: the engine ahead was not started beside"
@@ -85,7 +88,7 @@ def test_the_engine_ahead_starts_beside_the_one_asked_for_and_is_handed_out_late
 
 def test_a_failed_start_ahead_fails_nothing_and_fails_in_its_turn(pool, monkeypatch):
     monkeypatch.setenv(srv.START_AHEAD_ENV, "1")
-    a = pool.get(ahead=(None, {"delay": 0.5, "fail": True}, None), delay=1.0)
+    a = pool.get(ahead=[(None, {"delay": 0.5, "fail": True}, None)], delay=1.0)
     assert a.server.alive and a.started_beside is None
     assert list(pool._engines) == [srv.engine_key(None, {"delay": 1.0}, {})]
     with pytest.raises(ServerError, match="exited with code 1"):
@@ -96,7 +99,7 @@ def test_turned_off_each_engine_waits_for_the_one_before(pool, monkeypatch):
     monkeypatch.setenv(srv.START_AHEAD_ENV, "0")
     assert not pool.starts_side_by_side()
     t0 = time.perf_counter()
-    pool.get(ahead=(None, {"delay": 1.1}, None), delay=1.0)
+    pool.get(ahead=[(None, {"delay": 1.1}, None)], delay=1.0)
     assert len(pool._engines) == 1                   # nothing started ahead
     pool.get(delay=1.1)
     assert time.perf_counter() - t0 >= 2.1
@@ -118,7 +121,7 @@ def test_unset_it_follows_the_cpus_this_process_may_use(pool, monkeypatch):
     assert pool.starts_side_by_side()
 
 
-def test_the_arm_ahead_is_the_plans_next_unless_a_start_is_what_is_measured(cpu, tmp_path):
+def test_the_arms_ahead_are_the_plans_others_in_turn_unless_a_start_is_measured(cpu, tmp_path):
     from lab_utils.notebook import NotebookContext
     from lab_utils.results import Results
 
@@ -129,10 +132,9 @@ def test_the_arm_ahead_is_the_plans_next_unless_a_start_is_what_is_measured(cpu,
     a, b, c = (arms.Arm(n, flags={"max_num_seqs": i + 2}) for i, n in enumerate("abc"))
     cold = arms.Arm("cold", flags={"max_num_seqs": 9}, fresh=True)
     plain = ctx(a, b, c)
-    assert [plain._next_arm(x) for x in (a, b, c)] == [b, c, None]
+    assert [plain._arms_after(x) for x in (a, b, c)] == [[b, c], [c, a], [a, b]]
     mixed = ctx(a, cold, b)
-    assert mixed._next_arm(a) is None and mixed._next_arm(cold) is None
-    assert mixed._next_arm(b) is None
+    assert mixed._arms_after(a) == [b] and mixed._arms_after(cold) == []
 
 
 def test_budget_counts_overlapping_starts_once():
@@ -158,7 +160,7 @@ def test_through_the_runs_broker_both_start_side_by_side_and_are_its_to_lend(
     with Broker([("logs", [])], min_free_fraction=0) as broker:
         monkeypatch.setenv(SHARE_ENV, broker.url)
         t0 = time.perf_counter()
-        a = pool.get(ahead=(None, {"delay": DELAY_S + 0.1}, None), delay=DELAY_S)
+        a = pool.get(ahead=[(None, {"delay": DELAY_S + 0.1}, None)], delay=DELAY_S)
         took = time.perf_counter() - t0
         assert took < 2 * DELAY_S - 0.5, f"{took:.1f} s: the broker started them one by one"
         assert broker.starts == 2
@@ -174,5 +176,66 @@ def test_short_of_memory_nothing_starts_ahead(pool, monkeypatch):
     total = 16 * 2**30
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type(
         "Mem", (), {"total": total, "available": int(total * (srv.AHEAD_MIN_FREE - 0.01))})())
-    pool.get(ahead=(None, {"delay": 0.6}, None), delay=0.5)
+    pool.get(ahead=[(None, {"delay": 0.6}, None)], delay=0.5)
     assert len(pool._engines) == 1
+
+
+@pytest.mark.parametrize("while_starting", ["the one asked for", "the one ahead"])
+def test_ctrl_c_while_they_start_leaves_no_server_running(pool, monkeypatch, while_starting):
+    import os
+    import signal
+    import threading
+    monkeypatch.setenv(srv.START_AHEAD_ENV, "1")
+    # Ctrl-C at 1.5 s: while the first (2.5 s) still starts, or while the
+    # first is up (0.5 s) and the one ahead (2.5 s) still starts
+    first, second = (2.5, 2.4) if while_starting == "the one asked for" else (0.5, 2.5)
+    timer = threading.Timer(1.5, signal.pthread_kill, (threading.main_thread().ident,
+                                                        signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pool.get(ahead=[(None, {"delay": second}, None)], delay=first)
+    finally:
+        timer.cancel()
+    deadline = time.monotonic() + 10
+    while srv.lab_server_processes(os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert srv.lab_server_processes(os.getpid()) == []
+    assert not pool._ahead
+
+
+def test_when_the_broker_lends_the_one_asked_for_the_next_two_start_side_by_side(
+        pool, monkeypatch):
+    """04's baseline is 00's engine, lent at once: its next two arms start
+    together instead of one beside a start that never happens."""
+    from lab_utils.engine_share import SHARE_ENV, Broker
+    monkeypatch.setenv(srv.START_AHEAD_ENV, "1")
+    with Broker([], min_free_fraction=0) as broker:
+        monkeypatch.setenv(SHARE_ENV, broker.url)
+        pool.get(delay=0.5)
+        broker.demand = [("logs", {e.key for e in broker._engines})]  # a later use: kept idle
+        pool.close()
+        assert broker.describe()["running"][0]["leased"] is False
+        b, c = {"delay": DELAY_S}, {"delay": DELAY_S + 0.1}
+        t0 = time.perf_counter()
+        a = pool.get(ahead=[(None, b, None), (None, c, None)], delay=0.5)
+        took = time.perf_counter() - t0
+        assert a.server.reused and broker.reuses == 1
+        assert took < 2 * DELAY_S - 0.5, f"{took:.1f} s: the two ahead started one by one"
+        kb, kc = srv.engine_key(None, b, {}), srv.engine_key(None, c, {})
+        assert pool._ahead == {kb, kc} and broker.starts == 3
+        assert (a.started_beside, pool._engines[kb].started_beside,
+                pool._engines[kc].started_beside) == (None, kc, kb)
+
+
+def test_an_engine_started_before_never_starts_ahead_again(pool, monkeypatch):
+    """The last arm's candidates wrap round to the plan's first ones, which ran
+    and stopped already (keep=1): none of them starts again ahead."""
+    monkeypatch.setenv(srv.START_AHEAD_ENV, "1")
+    x, y = {"delay": 0.3}, {"delay": 0.4}
+    pool.get(ahead=[(None, y, None)], delay=0.3)
+    pool.get(**y)
+    pool.get(ahead=[(None, x, None), (None, y, None)], delay=0.5)   # the last arm
+    assert pool._ahead == set()
+    assert [k for k, e in pool._engines.items() if e.server.alive] == [
+        srv.engine_key(None, {"delay": 0.5}, {})]
