@@ -121,17 +121,17 @@ def test_a_start_whose_picked_port_was_taken_picks_another(profile, tmp_path, mo
         picks = iter([held, free_port()])
         monkeypatch.setattr(srv, "free_port", lambda host="127.0.0.1": next(picks))
         tried = []
-        real_start = VLLMServer.start
+        real_launch = VLLMServer.launch
 
         class Launched(Exception):
             pass
 
-        def start(self):
+        def launch(self):
             tried.append(self.port)
             if self.port == held:
-                return real_start(self)      # refuses: the port is in use
-            raise Launched(self.port)        # where the real start would launch vLLM
-        monkeypatch.setattr(VLLMServer, "start", start)
+                return real_launch(self)     # refuses: the port is in use
+            raise Launched(self.port)        # where the real launch would start vLLM
+        monkeypatch.setattr(VLLMServer, "launch", launch)
         with lab.EnginePool(profile, log_dir=tmp_path) as pool, pytest.raises(Launched):
             pool.get()
     assert tried[0] == held and len(tried) == 2 and tried[1] != held
