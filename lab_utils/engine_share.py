@@ -41,6 +41,7 @@ from typing import Any
 from urllib.request import Request, urlopen
 
 from .engine_lease import DEV_MODE, SHARE_ENV, broker_url, config_key, key_of
+from .host import free_memory_fraction as _free_fraction
 from .server import VLLMServer, start_on_a_free_port
 
 __all__ = ["Broker", "DEV_MODE", "SHARE_ENV", "broker_url", "config_key", "key_of"]
@@ -201,7 +202,7 @@ class Broker:
                               env={**env, **DEV_MODE}, startup_timeout_s=startup_timeout_s,
                               served_model_name=served_model_name)
         # launched on the starter thread, waited for on this call's own: a
-        # kernel's engines started together (`EnginePool.start_ahead`) start
+        # kernel's engines started together (`EnginePool.get(ahead=...)`) start
         # side by side, each a call of its own
         server = start_on_a_free_port(server_on, _port_of(argv),
                                       start=lambda s: self._in_starter(s.launch).wait_ready())
@@ -275,12 +276,6 @@ class Broker:
         return {"starts": self.starts, "reuses": self.reuses, "dropped": list(self.dropped),
                 "running": [{"key": e.key, "uses": e.uses, "leased": e.leased}
                             for e in self._engines]}
-
-
-def _free_fraction() -> float:
-    import psutil
-    vm = psutil.virtual_memory()
-    return vm.available / vm.total
 
 
 def _port_of(argv: Sequence[str]) -> int:

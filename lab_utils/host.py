@@ -32,6 +32,12 @@ def host_load() -> float:
         return math.nan
 
 
+def free_memory_fraction() -> float:
+    """The share of this machine's memory available now (psutil)."""
+    vm = psutil.virtual_memory()
+    return vm.available / vm.total
+
+
 def group_processes(pgid: int, *, zombies: bool = False) -> list[psutil.Process]:
     """The processes of process group `pgid`; exited ones not yet reaped
     (zombies) only with `zombies=True`."""

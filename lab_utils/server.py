@@ -31,7 +31,7 @@ from .counters import cache_config
 # importing this module; `from lab_utils.server import ServerError` still works.
 from .engine_lease import ServerView
 from .errors import ServerError
-from .host import group_processes
+from .host import free_memory_fraction, group_processes
 from .http import http_get
 from .paths import REPO_ROOT
 from .profiles import ConfigError, Profile, engine_argv, flag_items
@@ -454,9 +454,7 @@ class EnginePool:
         started before in this pool (asked for again, it starts in its turn)."""
         if not ahead or self._ahead or not self.starts_side_by_side():
             return []
-        import psutil
-        mem = psutil.virtual_memory()
-        if mem.available < AHEAD_MIN_FREE * mem.total:  # an idle engine holds its memory
+        if free_memory_fraction() < AHEAD_MIN_FREE:  # an idle engine holds its memory
             return []
         out = []
         for role, flags, env in ahead:
