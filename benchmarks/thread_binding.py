@@ -61,6 +61,12 @@ CONFIGS = {
     # engine core polls, spinning, while the worker's threads need every core
     "all+tcmalloc+inproc": dict(bind="all", tcmalloc=True, in_process=True),
     "all+tcmalloc+inproc+compiled": dict(bind="all", tcmalloc=True, in_process=True),
+    # the profile's binding with vLLM's engine-core process forked from the API server
+    # instead of spawned (`lab_utils.vllm_cli.fork_engine_core`; the worker is still
+    # spawned): one import of torch and vLLM fewer per start, the same serving path?
+    "all+tcmalloc+forked-core": dict(bind="all", tcmalloc=True, fork_core=True),
+    "all+tcmalloc+inproc+forked-core": dict(bind="all", tcmalloc=True, in_process=True,
+                                            fork_core=True),
 }
 #: Engine flags of a configuration besides the profile's (default: none).
 FLAGS = {"all+tcmalloc+compiled": {"enforce_eager": False},
@@ -223,7 +229,7 @@ def main() -> int:
                  "runs": runs}, indent=2))
 
     width = max(22, *map(len, args.configs))
-    print(f"\n{'config':{width}s} {'TTFT ms p50 / p90':>19s} {'TPOT c=1 p50 / p90':>19s} "
+    print(f"\n{'config':{width}s} {'start s':>13s} {'TTFT ms p50 / p90':>19s} {'TPOT c=1 p50 / p90':>19s} "
           f"{'step c=1 p50 / p90':>19s} "
           f"{'TPOT c=' + str(args.concurrency) + ' p50 / p90':>19s} "
           f"{'TPOT busy p50 / p90':>19s}  binding")
@@ -232,7 +238,8 @@ def main() -> int:
         if not mine:
             continue
         pool_of = lambda key: [v for r in mine for v in r[key]]  # noqa: E731
-        print(f"{name:{width}s} {stats(pool_of('ttft_ms')):>19s} {stats(pool_of('tpot_ms')):>19s} "
+        starts = "/".join(f"{r['startup_s']:.1f}" for r in mine)
+        print(f"{name:{width}s} {starts:>13s} {stats(pool_of('ttft_ms')):>19s} {stats(pool_of('tpot_ms')):>19s} "
               f"{stats(pool_of('decode_step_ms')):>19s} "
               f"{stats(pool_of('tpot_conc_ms')):>19s} "
               f"{stats(pool_of('tpot_busy_ms')):>19s}  {mine[0]['binding_log']}")

@@ -85,6 +85,12 @@ def parse_cpu_list(spec: str) -> list[int]:
 #: worker in the engine core (`vllm/platforms/cpu.py`; the server keeps its
 #: engine-core process).
 MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
+#: "1": `lab_utils.vllm_cli serve` forks vLLM's engine-core process from its API
+#: server instead of spawning it (`vllm_cli.fork_engine_core`); the worker is
+#: still spawned. Read by the lab's launcher, not by vLLM. Not where the worker
+#: computes inside the engine core (`in_process_env` drops it): forked, that
+#: process decoded slower (profiles/cpu.toml).
+FORK_CORE_ENV = "LAB_FORK_ENGINE_CORE"
 
 
 #: The flag whose per-step times need the worker in its own process: with the
@@ -120,6 +126,7 @@ def in_process_env(env: Mapping[str, str], cpus: list[int] | None = None,
         return env
     if bound != cpus or env.get("VLLM_CPU_NUM_OF_RESERVED_CPU") != "0":
         return env
+    env.pop(FORK_CORE_ENV, None)  # an engine core that computes is spawned (FORK_CORE_ENV)
     return {**env, MULTIPROCESSING: "0", **worker_omp_env(cpus, env.get("LD_PRELOAD", ""))}
 
 
@@ -218,7 +225,8 @@ class LibraryMissing(RuntimeError):
 
 
 def binding_env(bind: str = "auto", *, tcmalloc: bool = False,
-                iomp: bool = False, in_process: bool = False) -> dict[str, str]:
+                iomp: bool = False, in_process: bool = False,
+                fork_core: bool = False) -> dict[str, str]:
     """Environment for a vLLM CPU server.
 
     `bind`: "auto" (vLLM's default: one core per rank, one reserved), "all"
@@ -226,8 +234,10 @@ def binding_env(bind: str = "auto", *, tcmalloc: bool = False,
     VLLM_CPU_OMP_THREADS_BIND. `tcmalloc` / `iomp` preload those libraries;
     a missing one raises LibraryMissing naming the package that provides it.
     `in_process`: the worker inside the engine-core process where `bind`
-    gives it every core (`in_process_env`)."""
-    env: dict[str, str] = {}
+    gives it every core (`in_process_env`). `fork_core`: the engine-core
+    process forked from the API server, its worker still spawned
+    (FORK_CORE_ENV, read by `lab_utils.vllm_cli`)."""
+    env: dict[str, str] = {FORK_CORE_ENV: "1"} if fork_core else {}
     if bind == "all":
         env["VLLM_CPU_OMP_THREADS_BIND"] = all_cores()
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
@@ -246,6 +256,18 @@ def binding_env(bind: str = "auto", *, tcmalloc: bool = False,
     return in_process_env(env) if in_process else env
 
 
+def arm_env(binding: Mapping[str, object], env: Mapping[str, str] | None,
+            fresh: bool = False) -> dict[str, str]:
+    """An arm's own environment (`env`) on a profile with this [cpu_binding];
+    a `fresh` arm (its start is what a notebook measures, e.g. 03's cold
+    starts) starts as `vllm serve` does, with vLLM's spawned engine core,
+    where the profile forks it (`fork_engine_core`)."""
+    out = {str(k): str(v) for k, v in (env or {}).items()}
+    if fresh and binding.get("fork_engine_core"):
+        out[FORK_CORE_ENV] = "0"
+    return out
+
+
 _WARNED: set[str] = set()
 
 
@@ -253,7 +275,8 @@ def profile_binding_env(binding: Mapping[str, object]) -> dict[str, str]:
     """`binding_env(**binding)` for a profile's [cpu_binding]; a preload library
     missing on this machine is left out with a warning (once) naming the fix:
     it makes the engine slower, not wrong."""
-    kw = {"bind": str(binding.get("bind", "auto"))}
+    kw = {"bind": str(binding.get("bind", "auto")),
+          "fork_core": bool(binding.get("fork_engine_core"))}
     for lib, (find, fix) in _preloads().items():
         kw[lib] = bool(binding.get(lib)) and find() is not None
         if binding.get(lib) and not kw[lib] and fix not in _WARNED:
@@ -274,6 +297,8 @@ def describe_env(env: Mapping[str, str]) -> str:
         parts.append("+iomp")
     if env.get(MULTIPROCESSING) == "0":
         parts.append("+in-process")
+    elif env.get(FORK_CORE_ENV) == "1":
+        parts.append("+forked-core")
     return " ".join(parts)
 
 

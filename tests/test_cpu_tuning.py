@@ -141,6 +141,10 @@ def test_profile_rejects_bad_binding_keys(tmp_path):
     maybe.write_text(path.read_text().replace("threads = 2", 'in_process = "sometimes"'))
     with pytest.raises(ConfigError, match='"one-core"'):
         load_profile(str(maybe))
+    fork = tmp_path / "f.toml"
+    fork.write_text(path.read_text().replace("threads = 2", 'fork_engine_core = "yes"'))
+    with pytest.raises(ConfigError, match="fork_engine_core = 'yes'; allowed: true or false"):
+        load_profile(str(fork))
 
 
 @pytest.fixture

@@ -39,6 +39,12 @@ def test_engine_binding_reads_what_vllm_applied(tmp_path):
     assert table["worker core ids (vLLM)"] == "[[0, 1]]"
     assert table["reserved for the engine core (vLLM)"] == "[]"
     assert table["lab's setting (profile [cpu_binding] + [env])"] == "bind=0-1 +tcmalloc"
+    assert table["engine core's process"].startswith("spawned")
+    server.env["LAB_FORK_ENGINE_CORE"] = "1"
+    table = baseline.engine_binding(SimpleNamespace(server=server, base_url="http://x"))["value"]
+    assert table["engine core's process"].startswith("forked from the API server")
+    assert table["lab's setting (profile [cpu_binding] + [env])"] == \
+        "bind=0-1 +tcmalloc +forked-core"
     remote = baseline.engine_binding(SimpleNamespace(server=None, base_url="http://h:8000"))
     assert "remote server at http://h:8000" in remote["value"]["engine"]
 

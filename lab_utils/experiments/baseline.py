@@ -100,7 +100,7 @@ def engine_binding(engine) -> pd.DataFrame:
     import os
     from pathlib import Path
 
-    from ..cpu_tuning import describe_env
+    from ..cpu_tuning import FORK_CORE_ENV, describe_env
     from ..machine import parse_engine_binding
     rows = {"cores this process may use": len(os.sched_getaffinity(0))}
     if engine.server is None:
@@ -115,6 +115,10 @@ def engine_binding(engine) -> pd.DataFrame:
     unbound = "– (vLLM binds only a worker process of its own)"
     rows.update({
         "lab's setting (profile [cpu_binding] + [env])": describe_env(env),
+        "engine core's process": (
+            "spawned (vLLM's CPU platform); the worker computes in it" if in_core else
+            "forked from the API server (the lab's launcher, lab_utils.vllm_cli)"
+            if env.get(FORK_CORE_ENV) == "1" else "spawned (vLLM's CPU platform)"),
         "worker's process (vLLM)": {
             "mp": "its own (vLLM's mp executor)",
             "uni": "the engine core's (uni executor: VLLM_ENABLE_V1_MULTIPROCESSING=0)",
