@@ -138,7 +138,12 @@ def test_a_knee_no_request_defines_is_noted_with_that_reason_not_as_an_arm_missi
     sweep = pd.DataFrame([{"arm": a, "rate": r, "slo_met_fraction": sum(v) / len(v),
                            "goodput": r * sum(v) / len(v), "prefix_cache_hit_rate": 0.9,
                            "spec_acceptance": 0.5} for (a, r), v in met.items()])
-    knee = combo.findings(sweep, ["prefix caching"])[0]
+    requests = pd.DataFrame([{"arm": a, "rate": r, "slo_met": bool(x)}
+                             for (a, r), v in met.items() for x in v])
+    knee = combo.findings(sweep, ["prefix caching"], requests)[0]
+    # the text says so, where it printed "knee ratio nanx (95% CI nan-nan)" (make run, 521fa8c)
+    assert "nan" not in knee["mechanism"]
+    assert knee["mechanism"].endswith("; knee ratio undefined (an arm has no knee)")
     assert knee["why_missing"] == ("none of the baseline arm's requests at its lightest rate "
                                    "(0.188 req/s) met the SLO (TTFT <= 2 s, TPOT <= 50 ms): "
                                    "no knee to compare")

@@ -280,7 +280,13 @@ def findings(sweep: pd.DataFrame | None, chosen: Sequence[str],
                for arm in (BASELINE, COMBINED)}
         ratio, lo, hi = knee_ratio_ci(per[BASELINE], per[COMBINED], target=target)
         extra = {"knee_ratio": ratio, "knee_ratio_ci95": [lo, hi]}
-        why += f"; knee ratio {ratio:.2f}x (95% CI {lo:.2f}-{hi:.2f})"
+        if not math.isfinite(ratio):
+            why += "; knee ratio undefined (an arm has no knee)"
+        elif not math.isfinite(lo):
+            why += (f"; knee ratio {ratio:.2f}x (no 95% CI: under half the resamples "
+                    "define both knees)")
+        else:
+            why += f"; knee ratio {ratio:.2f}x (95% CI {lo:.2f}-{hi:.2f})"
     bound = [a for a in (BASELINE, COMBINED) if not k.loc[a, "passed_the_knee"]]
     if bound:
         why += f"; {' and '.join(bound)}: every rate met the SLO, the knee is a lower bound"
