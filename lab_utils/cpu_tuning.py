@@ -334,15 +334,16 @@ def _run_script(script: str, *args, timeout: float) -> dict:
 _LINEARS_SCRIPT = r"""
 import json, sys, time, torch
 shapes, threads, steps = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+dtype = getattr(torch, sys.argv[4])
 torch.set_num_threads(threads)
 from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 layers = []
 for n, k in shapes:  # distinct weights per layer: they stream from memory as in a step
     layer = torch.nn.Module()
-    layer.weight = torch.nn.Parameter(torch.randn(n, k) * 0.02, requires_grad=False)
+    layer.weight = torch.nn.Parameter((torch.randn(n, k) * 0.02).to(dtype), requires_grad=False)
     layer.bias = None
     dispatch_cpu_unquantized_gemm(layer, remove_weight=False)  # the engine's own choice
-    layers.append((layer, torch.randn(1, k)))
+    layers.append((layer, torch.randn(1, k).to(dtype)))
 times = []
 for _ in range(steps + 3):
     t0 = time.perf_counter()
@@ -351,19 +352,23 @@ for _ in range(steps + 3):
     times.append(time.perf_counter() - t0)
 times = sorted(times[3:])
 print(json.dumps({"ms_median": times[len(times) // 2] * 1e3, "ms_min": times[0] * 1e3,
-                  "bytes": sum(n * k * 4 for n, k in shapes)}))
+                  "bytes": sum(n * k for n, k in shapes) * dtype.itemsize}))
 """
 
 
-def decode_linears_ms(shapes: list[tuple[int, int]], threads: int, steps: int = 21) -> dict:
+def decode_linears_ms(shapes: list[tuple[int, int]], threads: int, steps: int = 21,
+                      dtype: str = "float32") -> dict:
     """The matrix products of one single-request decode step (`shapes`:
-    `ModelFacts.decode_linear_shapes()`, float32) alone, through the GEMM vLLM's
+    `ModelFacts.decode_linear_shapes()`, weights and activations in `dtype`) alone, through the GEMM vLLM's
     CPU backend picks for them (`dispatch_cpu_unquantized_gemm`: oneDNN, SGL or
     zentorch), in a fresh process with `threads` torch threads: `ms_median` and
     `ms_min` over `steps` steps, and the weight `bytes` they read. What the
     engine's forward pass cannot beat with these kernels, however little else
     it does."""
-    return _run_script(_LINEARS_SCRIPT, json.dumps(shapes), threads, steps, timeout=600)
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be float32, bfloat16 or float16 (unquantized weights), "
+                         f"got {dtype!r}")
+    return _run_script(_LINEARS_SCRIPT, json.dumps(shapes), threads, steps, dtype, timeout=600)
 
 
 def weight_bytes(model_dir: str | Path) -> int:

@@ -170,6 +170,27 @@ def test_00_baseline_runs_without_cache_hits_and_with_the_profiles_binding(smoke
         assert applied == parse_id_list(asked)
 
 
+def test_00_single_stream_tpot_is_not_below_the_decode_floor(smoke_results):
+    # A step reads every weight once: TPOT below weights / bandwidth would mean the
+    # floor counts bytes the engine does not read or overstates the bandwidth; the
+    # step's matrix products are part of every step, so alone they take less than it.
+    data = results_of(smoke_results, "00_baseline")
+    found = [f for f in data["findings"] if f["technique"] == "baseline: decode floor"]
+    assert len(found) == 1, "00 records single-stream TPOT against the decode floor"
+    floor, tpot = found[0]["decode_floor"], found[0]["treated"]
+    if floor["dtype"] == "float32":  # as the checkpoint stores them: its files' bytes
+        from lab_utils.cpu_tuning import weight_bytes
+        on_disk = weight_bytes(data["environment"]["model"])
+        assert abs(floor["weight_bytes"] - on_disk) < 0.001 * on_disk, (floor, on_disk)
+    assert tpot >= 0.7 * floor["floor_ms"], (tpot, floor)
+    assert floor["linears_ms"] <= 1.2 * tpot, (floor["linears_ms"], tpot)
+    # measured with the threads the worker computes with: the CPUs the binding gave it
+    asked = data["environment"]["machine"]["thread_binding"]["VLLM_CPU_OMP_THREADS_BIND"]
+    if asked != "auto":
+        from vllm.utils.cpu_resource_utils import parse_id_list
+        assert floor["threads"] == len(parse_id_list(asked))
+
+
 def test_01_chunking_keeps_every_prefill_step_within_the_budget(smoke_results):
     data = results_of(smoke_results, "01_chunked_prefill")
     chunked = off = 0

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from .. import arms
+from .. import arms, decode_floor
 from ..client import Load
 from ..metrics import records_frame
 from ..results import Results, measure
@@ -133,11 +133,12 @@ def engine_binding(engine) -> pd.DataFrame:
     return pd.Series({k: str(v) for k, v in rows.items()}, name="value").to_frame()
 
 
-def findings(ttft: pd.DataFrame, tpot: pd.DataFrame, fit: dict) -> list[dict]:
+def findings(ttft: pd.DataFrame, tpot: pd.DataFrame, fit: dict, floor=None) -> list[dict]:
     """The notebook's findings (`Results.add_findings`): TTFT median from the
     shortest to the longest prompt (`ttft_vs_prompt_length` rows), TPOT median
     from the lowest to the highest concurrency (`tpot_vs_output_and_concurrency`
-    rows), and how far E2E is from TTFT + n x TPOT (`perceived_latency_fit`)."""
+    rows), how far E2E is from TTFT + n x TPOT (`perceived_latency_fit`), and
+    single-stream TPOT against the decode floor (`decode_floor.measure`, if given)."""
     by_len = ttft.groupby("prompt_len").ttft_ms.median()
     lo, hi = by_len.index.min(), by_len.index.max()
     by_c = tpot.groupby("concurrency").tpot_ms.median()
@@ -160,5 +161,5 @@ def findings(ttft: pd.DataFrame, tpot: pd.DataFrame, fit: dict) -> list[dict]:
              article_claim="perceived latency = TTFT + output tokens x TPOT",
              mechanism=f"least-squares E2E = {fit['fit_intercept_ms']:.0f} ms + "
                        f"{fit['fit_slope_ms_per_token']:.1f} ms x n (R² {fit['r2']:.3f})"),
-    ]
+    ] + ([decode_floor.finding(floor, tpot)] if floor is not None else [])
 
