@@ -80,3 +80,14 @@ def test_the_floor_reads_the_bytes_of_the_dtype_the_engine_computes_in():
 def test_the_matrix_products_timer_refuses_a_quantized_dtype():
     with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
         cpu_tuning.decode_linears_ms([(4, 4)], 1, dtype="int8")
+
+
+def test_the_figure_draws_each_figure_against_the_floor_and_nothing_without_one():
+    from lab_utils.experiments import baseline
+    floor = DecodeFloor(10**9, "float32", 50.0, "measured", 2, 20.0, 25.0, 24.0, 121)
+    fig = baseline.plot_decode_floor(decode_floor.table(floor, tpot_frame([30.0, 40.0, 50.0])))
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "time per decode step (ms)"
+    assert [round(p.get_width(), 1) for p in ax.patches][::-1] == [20.0, 25.0, 40.0, 48.0, 15.0]
+    none = dataclasses.replace(floor, floor_ms=None, why="a remote server")
+    assert baseline.plot_decode_floor(decode_floor.table(none, tpot_frame([30.0]))) is None

@@ -1,6 +1,8 @@
 """Experiments of `00_baseline`: how TTFT grows with the prompt, how TPOT
 behaves with output length and concurrency, and whether perceived latency is
-TTFT + n x TPOT on this engine."""
+TTFT + n x TPOT on this engine, and how close single-stream TPOT comes to
+the memory-bandwidth floor of a decode step (`lab_utils.decode_floor`). The
+figures are `lab_utils.figures.baseline`'s."""
 from __future__ import annotations
 
 import itertools
@@ -10,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .. import arms, decode_floor
+from ..figures.baseline import plot_decode_floor  # noqa: F401  (re-exported for the notebook)
 from ..client import Load
 from ..metrics import records_frame
 from ..results import Results, measure
