@@ -114,10 +114,9 @@ def measure(engine, *, steps: int = 21, gpu: str | None = None) -> DecodeFloor:
                                    "entry>, e.g. LAB_GPU=h100-80gb")
         gpu_ = device(name)
         tp = int(engine.flags.get("tensor_parallel_size") or 1)
-        bandwidth = gpu_.memory_bandwidth_bytes_s * tp / 1e9  # each rank reads its shard
-        return DecodeFloor(weights, dtype, bandwidth,
+        return DecodeFloor(weights, dtype, gpu_.memory_bandwidth_bytes_s * tp / 1e9,
                            f"datasheet: {gpu_.title}" + (f" x {tp} (tensor parallel)" if tp > 1 else ""),
-                           None, cpu_tuning.decode_floor_ms(weights, bandwidth),
+                           None, gpu_.read_seconds(weights / tp) * 1e3,  # each rank reads its shard
                            linears_why="on a GPU: time them there (torch.profiler of the engine)")
     threads = worker_threads(engine)
     bandwidth = cpu_tuning.read_bandwidth_gbs(threads)
