@@ -89,6 +89,46 @@ def _engine_dtype(engine) -> str:
     return _TORCH_DTYPES.get(asked.lower(), asked)
 
 
+#: vLLM --quantization methods that quantize a full-precision checkpoint's dense
+#: projections as it loads (weights 8-bit floats); others (e.g. vLLM 0.32's
+#: int8_per_channel_weight_only: MoE experts only) leave a dense model's bytes as they are.
+ONLINE_FP8 = ("fp8", "fp8_per_channel", "ptpc_fp8")
+
+
+def step_facts(engine):
+    """(`ModelFacts` of the weights `engine` holds, the dtype of its unquantized
+    tensors), or (None, dtype) when the model's geometry is unknown: its checkpoint
+    as `facts.model_facts` knows it, with the projections 8-bit floats where the
+    engine quantizes them online (`ONLINE_FP8`)."""
+    import dataclasses
+    dtype = _engine_dtype(engine)
+    facts = model_facts(engine.model_path or engine.model)
+    if facts is None:
+        return None, dtype
+    online = str(engine.flags.get("quantization") or "").lower()
+    if facts.quantization == "none" and online in ONLINE_FP8:
+        facts = dataclasses.replace(facts, quantization=online, quant_bits=8, quant_type="float",
+                                    quant_group_size=0)
+    return facts, (facts.torch_dtype if dtype == "auto" else dtype)
+
+
+def read_bytes(facts, dtype: str) -> int:
+    """Bytes of weights one decode step reads: every weight once, except an
+    embedding table not tied to the output head, of which a step reads one row."""
+    from .kv_memory import ELEMENT_BYTES
+    held = facts.weight_bytes(dtype)
+    if facts.tie_word_embeddings:
+        return held
+    return held - (facts.vocab_size - 1) * facts.hidden_size * ELEMENT_BYTES[dtype]
+
+
+def step_weight_bytes(engine) -> int | None:
+    """Bytes of weights one decode step of `engine` reads (`read_bytes`), None
+    when the model's geometry is unknown."""
+    facts, dtype = step_facts(engine)
+    return None if facts is None else read_bytes(facts, dtype)
+
+
 def measure(engine, *, steps: int = 21, gpu: str | None = None) -> DecodeFloor:
     """The decode floor of `engine` (a lab `Engine`): measured on this machine
     for a local CPU engine (read bandwidth, then `steps` decode steps' matrix
@@ -99,13 +139,12 @@ def measure(engine, *, steps: int = 21, gpu: str | None = None) -> DecodeFloor:
     if engine.server is None:
         return DecodeFloor(None, dtype, None, "", None, None,
                            why="a remote server: its memory bandwidth is not the lab's to measure")
-    facts = model_facts(engine.model_path or engine.model)
+    facts, dtype = step_facts(engine)
     if facts is None:
         return DecodeFloor(None, dtype, None, "", None, None,
                            why=f"no geometry known for {engine.model_path or engine.model!r} "
                                "(add it to lab_utils/profiles/facts/models.toml)")
-    weights = facts.weight_bytes(dtype)
-    dtype = facts.torch_dtype if dtype == "auto" else dtype
+    weights = read_bytes(facts, dtype)
     if engine.profile.device == "cuda":
         name = gpu or named_gpu()
         if not name:

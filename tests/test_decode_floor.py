@@ -44,12 +44,14 @@ def engine_on(profile_name, flags=None, server=object(), model_path=None):
 
 
 def test_a_gpu_floor_is_the_datasheet_bandwidth_over_the_models_bytes(monkeypatch):
-    # Qwen2.5-7B-Instruct: 7,615,616,512 bf16 parameters (its safetensors index);
-    # H100 SXM: 3.35 TB/s HBM3 (NVIDIA's datasheet)
+    # Qwen2.5-7B-Instruct: 7,615,616,512 bf16 parameters (its safetensors index), of
+    # which its input embedding (not tied to the output head) 152,064 x 3,584: a step
+    # reads one row of it; H100 SXM: 3.35 TB/s HBM3 (NVIDIA's datasheet)
     monkeypatch.setenv("LAB_GPU", "h100-80gb")
     floor = decode_floor.measure(engine_on("gpu"))
-    assert floor.weight_bytes == 7_615_616_512 * 2
-    assert floor.floor_ms == pytest.approx(7_615_616_512 * 2 / 3.35e12 * 1e3)   # 4.55 ms
+    read = (7_615_616_512 - 152_063 * 3_584) * 2
+    assert floor.weight_bytes == read
+    assert floor.floor_ms == pytest.approx(read / 3.35e12 * 1e3)                # 4.22 ms
     assert floor.linears_ms is None and "GPU" in floor.linears_why
     two = decode_floor.measure(engine_on("gpu", {"tensor_parallel_size": 2}))
     assert two.floor_ms == pytest.approx(floor.floor_ms / 2)                    # each rank reads half
@@ -91,3 +93,24 @@ def test_the_figure_draws_each_figure_against_the_floor_and_nothing_without_one(
     assert [round(p.get_width(), 1) for p in ax.patches][::-1] == [20.0, 25.0, 40.0, 48.0, 15.0]
     none = dataclasses.replace(floor, floor_ms=None, why="a remote server")
     assert baseline.plot_decode_floor(decode_floor.table(none, tpot_frame([30.0]))) is None
+
+
+def test_a_step_reads_the_bytes_of_the_checkpoint_it_serves_and_of_online_fp8():
+    # the W8A8 checkpoint in float32 (INT8 projections, a float32 embedding tied to
+    # the head): what a step reads is what its files hold, within their headers
+    from lab_utils.quantize import quantized_model_dir
+    w8a8 = engine_on("cpu", model_path=str(quantized_model_dir("w8a8")))
+    if quantized_model_dir("w8a8").is_dir():
+        on_disk = cpu_tuning.weight_bytes(quantized_model_dir("w8a8"))
+        assert abs(decode_floor.step_weight_bytes(w8a8) - on_disk) < 0.01 * on_disk
+    # online FP8 of the bfloat16 model: its projections one byte per weight, the rest two
+    from lab_utils.facts import model_facts
+    facts = model_facts("embedded")
+    full = engine_on("cpu", {"dtype": "bfloat16"})
+    fp8 = engine_on("cpu", {"dtype": "bfloat16", "quantization": "fp8_per_channel"})
+    assert decode_floor.step_weight_bytes(full) == facts.num_parameters * 2
+    assert decode_floor.step_weight_bytes(fp8) == (facts.num_parameters * 2
+                                                   - facts.linear_parameters())
+    # vLLM 0.32's online INT8 quantizes MoE experts only: a dense model's bytes stay
+    moe_only = engine_on("cpu", {"dtype": "bfloat16", "quantization": "int8_per_channel_weight_only"})
+    assert decode_floor.step_weight_bytes(moe_only) == facts.num_parameters * 2

@@ -128,6 +128,8 @@ def test_claim_verdicts():
         "median decode step speed-up 1.00x")
     assert "claimed loss 3-5%" in q.claim_verdict("int4", 2.0, step_speedup=1.0)
     assert q.claim_verdict(None, 0.0, step_speedup=1.0) == "no claim"
+    assert "2.50x fewer weight bytes per step" in q.claim_verdict("int8", 0.5, step_speedup=1.2,
+                                                                  read_speedup=2.5)
 
 
 # ---------------------------------------------------------------- quality
@@ -140,9 +142,9 @@ def _frames():
                         for a, t, p in [("full", 200, 60), ("full", 220, 62),
                                         ("int8_w8a8", 150, 30), ("int8_w8a8", 170, 31)]])
     mem = pd.DataFrame([{"arm": "full", "checkpoint_mib": 513.0, "worker_rss_mib": 3000.0,
-                         "kv_cache_tokens": 46592},
+                         "kv_cache_tokens": 46592, "step_read_mib": 513.0},
                         {"arm": "int8_w8a8", "checkpoint_mib": 210.0, "worker_rss_mib": 2700.0,
-                         "kv_cache_tokens": 46592}])
+                         "kv_cache_tokens": 46592, "step_read_mib": 205.2}])
     ppl = pd.DataFrame([{"arm": "full", "window": 0, "tokens": 10, "nll_sum": 20.0},
                         {"arm": "int8_w8a8", "window": 0, "tokens": 10, "nll_sum": 20.5}])
     answers = pd.DataFrame([{"arm": a, "id": i, "answer": t, "correct": c}
@@ -175,6 +177,7 @@ def test_summarize_and_compare():
     assert row.decode_cpu_speedup == pytest.approx(1.5) and row.prefill_cpu_speedup == 2.0
     assert row.ppl_change_pct == pytest.approx((math.exp(2.05) / math.exp(2.0) - 1) * 100)
     assert row.checkpoint_mib == 210 and row.identical_answers == 0.5
+    assert row.read_speedup == pytest.approx(2.5)   # 513 / 205.2 MiB read per step
 
 
 def test_findings(tmp_path):
@@ -188,6 +191,8 @@ def test_findings(tmp_path):
     assert set(table.metric) >= {"TPOT median (ms)", "perplexity of the fixed text",
                                  "decode compute: worker CPU ms per output token"}
     assert "CPUInt8ScaledMMLinearKernel" in table.mechanism.iloc[0]
+    assert "per decode step 513 -> 205 MiB: a step bound by memory reads would be 2.50x faster" \
+        in table.mechanism.iloc[0]
     saved = json.loads((tmp_path / "05_test.json").read_text())
     assert saved["findings"][0]["change_pct"] == pytest.approx((30.5 - 61) / 61 * 100)
     # The INT8 arm answers the checklist's quantization row, once per metric.

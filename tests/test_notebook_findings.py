@@ -265,6 +265,18 @@ def test_05_every_arm_is_measured_or_skipped_with_the_probes_reason(smoke_result
     assert int8, "no INT8 arm measured"
     for n in int8:
         assert mib[n] < 0.5 * mib[q.arm(n).reference], (n, mib)
+    # What a decode step reads: a full-precision arm, the embedded model's float32
+    # files in the dtype it computes in (bfloat16: half their bytes); an INT8 arm
+    # fewer bytes than its reference, the mechanism of the article's claim.
+    read = {a["arm"]: a["weight_memory"]["step_read_mib"]
+            for label, a in data["arms"].items() if label.endswith("/latency")}
+    element = {"float32": 4, "bfloat16": 2, "float16": 2}
+    for n in read:
+        if q.arm(n).weights == "full" and data["profile"] == "cpu":
+            expected = mib[n] * element[q.arm(n).flags.get("dtype", "float32")] / 4
+            assert abs(read[n] - expected) < 0.01 * expected, (n, read[n], mib[n])
+    for n in int8:
+        assert read[n] < read[q.arm(n).reference], (n, read)
 
 
 #: Bytes of one K or V element per --kv-cache-dtype, for a float32 model.

@@ -29,6 +29,7 @@ import pandas as pd
 from .. import arms, capabilities
 from ..arms import ROLE
 from ..client import Load, RequestSpec
+from ..decode_floor import step_weight_bytes
 from ..figures.quantization import plot_latency, plot_speed_vs_quality
 from ..host import measured_compute
 from ..metrics import change_pct
@@ -248,11 +249,14 @@ def engine_for(ctx, a: Arm, *, planned: bool = True):
 PAIRED = {"ttft_ms": "ttft_ms_median", "tpot_ms": "tpot_ms_median", "itl_ms": "itl_ms_median",
           "decode_cpu_ms": "decode_cpu_ms", "prefill_cpu_ms": "prefill_cpu_ms",
           "cpu_share": "cpu_share", "checkpoint_mib": "checkpoint_mib",
+          "step_read_mib": "step_read_mib",
           "model_loading_gib": "model_loading_gib", "rss_mib": "worker_rss_mib",
           "ppl": "perplexity", "accuracy": "accuracy"}
 #: Speed-ups (reference / arm) of compare(), and the column each divides.
 SPEEDUPS = {"tpot_speedup": "tpot_ms", "step_speedup": "itl_ms",
-            "decode_cpu_speedup": "decode_cpu_ms", "prefill_cpu_speedup": "prefill_cpu_ms"}
+            "decode_cpu_speedup": "decode_cpu_ms", "prefill_cpu_speedup": "prefill_cpu_ms",
+            # fewer bytes per step: the speed-up of a decode step bound by memory reads
+            "read_speedup": "step_read_mib"}
 
 
 def compare(summary: pd.DataFrame) -> pd.DataFrame:
@@ -280,13 +284,15 @@ def compare(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def claim_verdict(claim: str | None, ppl_change_pct: float, *, compute_speedup: float = math.nan,
-                  step_speedup: float = math.nan, tpot_speedup: float = math.nan) -> str:
+                  step_speedup: float = math.nan, tpot_speedup: float = math.nan,
+                  read_speedup: float = math.nan) -> str:
     """One line: measured speed-up and perplexity change against the claim.
 
     Speed is judged on the decode compute (worker CPU time per decode step,
     which other work on a shared CPU delays but does not inflate) when it was
     measured, else on the median decode step (ITL); the wall-clock ratios are
-    shown beside it."""
+    shown beside it, and `read_speedup` (the reference's weight bytes per step
+    over the arm's) as what a step bound by memory reads alone would gain."""
     if claim not in CLAIM_SPEEDUP:
         return "no claim"
     want, (lo, hi) = CLAIM_SPEEDUP[claim], CLAIM_LOSS_PCT[claim]
@@ -300,7 +306,9 @@ def claim_verdict(claim: str | None, ppl_change_pct: float, *, compute_speedup: 
     fast = "holds" if speed >= want * 0.95 else "does not hold"
     loss = "within" if ppl_change_pct <= hi else "above"
     claimed = f"< {hi:g}%" if not lo else f"{lo:g}-{hi:g}%"
-    return (f"{basis} speed-up {speed:.2f}x{wall} vs claimed {want:.0f}x: {fast}; "
+    reads = (f"; {read_speedup:.2f}x fewer weight bytes per step (a step bound by memory "
+             f"reads alone: {read_speedup:.2f}x faster)") if np.isfinite(read_speedup) else ""
+    return (f"{basis} speed-up {speed:.2f}x{wall} vs claimed {want:.0f}x: {fast}{reads}; "
             f"perplexity {ppl_change_pct:+.1f}% vs claimed loss {claimed}: {loss} the claim")
 
 
@@ -344,6 +352,8 @@ def measure_arm(ctx, a: Arm, work: Workload, *, progress: bool = True,
     if engine is None:
         return {}
     memory = weight_memory(engine)
+    read = step_weight_bytes(engine)  # what a memory-bound decode step must read
+    memory["step_read_mib"] = None if read is None else read / 2**20
     warm_up(engine)  # not one of the measured prompts: a repeat would be a prefix-cache hit
     ppl = score_text(engine, work.windows).assign(arm=a.name)
 
@@ -390,7 +400,8 @@ def summarize(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """One row per arm: TTFT/TPOT median and p90 (ms), the pooled median gap
     between streamed tokens (ITL: the typical decode step), worker CPU ms per
     prefill and decode step and its share of the wall time, checkpoint MiB
-    (its files, else vLLM's "Checkpoint size"), weights loaded (GiB, GPU),
+    (its files, else vLLM's "Checkpoint size"), MiB of weights a decode step
+    reads (`decode_floor.step_weight_bytes`), weights loaded (GiB, GPU),
     worker RSS, perplexity, accuracy, agreement with the reference and the first arm."""
     lat = frames.get("latency", pd.DataFrame())
     if lat.empty:
@@ -407,7 +418,8 @@ def summarize(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     for col in ("prefill_cpu_ms", "decode_cpu_ms", "cpu_share"):
         out[col] = compute.set_index("arm")[col] if col in compute else np.nan
     mem = frames["memory"].set_index("arm")
-    for col in ("checkpoint_mib", "model_loading_gib", "worker_rss_mib", "kv_cache_tokens"):
+    for col in ("checkpoint_mib", "step_read_mib", "model_loading_gib", "worker_rss_mib",
+                "kv_cache_tokens"):
         out[col] = pd.to_numeric(mem[col], errors="coerce") if col in mem else np.nan
     if "checkpoint_gib" in mem:  # a hub model's files: vLLM's own figure
         out["checkpoint_mib"] = out.checkpoint_mib.fillna(
@@ -507,10 +519,16 @@ def findings(comparison: pd.DataFrame, memory: pd.DataFrame,
                         "metric": metric, "baseline": baseline, "treated": treated,
                         "article_claim": kw.pop("article_claim", claim), **kw,
                         **({"checklist": f"quantization:{tag}", **row} if tag and row else {})})
-        add("TPOT median (ms)", c.tpot_ms_ref, c.tpot_ms, "tpot", mechanism=evidence,
+        reads = getattr(c, "read_speedup", math.nan)
+        add("TPOT median (ms)", c.tpot_ms_ref, c.tpot_ms, "tpot",
+            mechanism=evidence + (f"; weights read per decode step "
+                                  f"{_fmt(c.step_read_mib_ref, '.0f')} -> {_fmt(c.step_read_mib, '.0f')} "
+                                  f"MiB: a step bound by memory reads would be {reads:.2f}x faster"
+                                  if _fmt(reads, "f") != "?" else ""),
             samples=samples("tpot_ms", name, c.reference),
             verdict=claim_verdict(a.claim, c.ppl_change_pct, compute_speedup=c.decode_cpu_speedup,
-                                  step_speedup=c.step_speedup, tpot_speedup=c.tpot_speedup))
+                                  step_speedup=c.step_speedup, tpot_speedup=c.tpot_speedup,
+                                  read_speedup=reads))
         add("TTFT median (ms)", c.ttft_ms_ref, c.ttft_ms, "ttft", mechanism=evidence,
             samples=samples("ttft_ms", name, c.reference))
         if _fmt(c.decode_cpu_ms, "f") != "?" and _fmt(c.decode_cpu_ms_ref, "f") != "?":
