@@ -325,8 +325,11 @@ def read_bandwidth_gbs(threads: int = 1, mib: int = 1024) -> float:
 
 def _run_script(script: str, *args, timeout: float) -> dict:
     """Run a measurement `script` in a fresh Python process (its own threads,
-    nothing of this process's allocations) and read the JSON of its last line."""
+    nothing of this process's allocations) and read the JSON of its last line.
+    It computes with the kernels the lab's engines use: under `LAB_CPU_ISA=avx2`,
+    AVX2's (`isa_env`)."""
     proc = subprocess.run([sys.executable, "-c", script, *map(str, args)],
+                          env={**os.environ, **isa_env()},
                           capture_output=True, text=True, timeout=timeout, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -221,3 +221,20 @@ def test_decode_linears_run_through_vllms_gemm():
     got = cpu_tuning.decode_linears_ms([(64, 32), (32, 64)], threads=1, steps=3)
     assert got["bytes"] == 2 * 64 * 32 * 4
     assert 0 < got["ms_min"] <= got["ms_median"] < 1000
+
+
+def test_measurement_scripts_compute_with_the_engines_kernels(monkeypatch):
+    # under LAB_CPU_ISA=avx2 the floor's bandwidth and matrix products are measured as
+    # the engines compute: torch's own ISA answer and its kernel level are AVX2's
+    from lab_utils.machine import cpu_facts
+    if not cpu_facts()["isa"].get("avx2"):
+        pytest.skip("this CPU has no AVX2 to emulate an AVX2-only CPU with")
+    script = ("import json, torch; print(json.dumps({'avx512': torch.cpu._is_avx512_supported(), "
+              "'capability': torch.backends.cpu.get_cpu_capability()}))")
+    monkeypatch.setenv("LAB_CPU_ISA", "avx2")
+    assert cpu_tuning._run_script(script, timeout=120) == {"avx512": False, "capability": "AVX2"}
+    monkeypatch.delenv("LAB_CPU_ISA")
+    native = cpu_tuning._run_script(script, timeout=120)
+    assert native["capability"] == ("AVX512" if cpu_facts()["isa"].get("avx512f") else "AVX2")
+    bf16 = cpu_tuning.decode_linears_ms([(64, 32)], threads=1, steps=3, dtype="bfloat16")
+    assert bf16["bytes"] == 64 * 32 * 2
