@@ -349,3 +349,31 @@ def test_findings_hand_made():
     assert (facts["baseline"], facts["treated"]) == (50.0, 100.0)
     assert facts["mechanism"].endswith("the routed mix's scored facts: 0% correct")
     assert len(found) == 5
+
+
+def test_a_small_tier_slower_than_the_large_one_is_said_to_be_in_the_findings():
+    from lab_utils.client import Run
+    work = tx.Workload([spec("What is the capital of France?", tag="fact"), spec("hi")],
+                       [["paris"], None])
+    # small tier alone: TTFT 40/60 ms against 100/300 ms (medians 50 vs 200: 0.25x);
+    # TPOT (E2E - TTFT) / 3: 200/300 ms against 100/200 (250 vs 150: 1.67x)
+    runs = {"large only": Run("large only", "", [_timed(0, 0.100, 0.400), _timed(1, 0.300, 0.900)], 1.0),
+            "small only": Run("small only", "", [_timed(0, 0.040, 0.640), _timed(1, 0.060, 0.960)], 1.0),
+            "routed": Run("routed", "", [_timed(0, 0.050, 0.650, "", "small rule"),
+                                         _timed(1, 0.150, 0.750, "", "large rule")], 1.0)}
+    runs["routed"].counters = {"large": {"requests_success": 1.0}, "small": {"requests_success": 1.0}}
+    arms = tx.Arms(work, tx.rule_from(), runs)
+    said = tx.tier_speed(arms)
+    assert said.startswith("the small tier is not faster here (TTFT 0.25x the large tier's, "
+                           "TPOT 1.67x the large tier's")
+    assert "cannot cut TPOT on this machine" in said
+    found = {f["metric"]: f for f in tx.findings(arms)}
+    assert said in found["TPOT median, routed (ms)"]["reason"]
+    assert said in found["TPOT median, small only (ms)"]["mechanism"]
+    # the faster tier of test_findings_hand_made is called the faster one, and the
+    # checklist's reason stays as it was
+    fast = dict(runs, **{"small only": Run("small only", "", [_timed(0, 0.040, 0.160),
+                                                              _timed(1, 0.060, 0.360)], 1.0)})
+    assert tx.tier_speed(tx.Arms(work, tx.rule_from(), fast)).startswith(
+        "the small tier is the faster one here")
+    assert tx.tier_speed(tx.Arms(work, tx.rule_from(), {"routed": runs["routed"]})) == ""

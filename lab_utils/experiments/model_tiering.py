@@ -413,6 +413,28 @@ def model_name(engine) -> str:
     return str(path).rstrip("/").split("/")[-1]
 
 
+def tier_speed(arms: Arms) -> str:
+    """One sentence on whether the small tier is faster than the large one in this
+    run (small only against large only, TTFT and TPOT medians): tiering can only cut
+    latency with a faster tier, and a quantized copy is slower where this machine's
+    kernels for it are (vLLM's INT8 GEMM without AVX-512, for one). Empty when an arm is
+    missing."""
+    f = arms.frame()
+    f = f[f.ok]
+    large, small = f[f.arm == "large only"], f[f.arm == "small only"]
+    if large.empty or small.empty:
+        return ""
+    ratios = {m: float(small[k].median() / large[k].median())
+              for m, k in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))}
+    parts = ", ".join(f"{m} {r:.2f}x the large tier's" for m, r in ratios.items())
+    slower = [m for m, r in ratios.items() if r >= 1.0]
+    if not slower:
+        return f"the small tier is the faster one here: {parts} (medians, each tier alone)"
+    return (f"the small tier is not faster here ({parts}; medians, each tier alone): "
+            f"routing to it cannot cut {' or '.join(slower)} on this machine, whatever the "
+            "rule; the engines' logs name the kernels each tier ran")
+
+
 def findings(arms: Arms, quality: pd.DataFrame | None = None,
              small_model: str = "") -> list[dict[str, Any]]:
     """`Results.add_finding` arguments: the routed mix against the large model
@@ -428,6 +450,9 @@ def findings(arms: Arms, quality: pd.DataFrame | None = None,
     reason = f"{share:.0f}% of requests on the small tier"
     if small_model:
         reason += f" ({small_model})"
+    speed = tier_speed(arms)
+    if speed.startswith("the small tier is not faster"):
+        reason += f"; {speed}"
     if quality is not None and len(quality):
         pct = quality.groupby("tier").correct.mean() * 100
         reason += (f"; facts correct: small {pct.get(SMALL, math.nan):.0f}%, "
@@ -446,7 +471,8 @@ def findings(arms: Arms, quality: pd.DataFrame | None = None,
                 "article_claim": CLAIM,
                 "mechanism": (f"{share:.0f}% of requests answered by the small model; "
                               f"vLLM's request_success counters: {_served(mech)}"
-                              if label == "routed" else "every request on the small model"),
+                              if label == "routed" else
+                              "every request on the small model" + (f"; {speed}" if speed else "")),
                 "samples": (base[key].tolist(), treated[key].tolist()),
                 **({"checklist": tag, "reason": reason} if tag else {})})
     if quality is not None and len(quality):
@@ -509,4 +535,5 @@ __all__ = [
     "threshold_sweep",
     "tier_engines",
     "tier_env",
+    "tier_speed",
 ]
