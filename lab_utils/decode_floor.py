@@ -21,16 +21,15 @@ split over tensor-parallel ranks; a remote server's hardware is not the lab's to
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from . import cpu_tuning
+from . import cpu_tuning, host
 from .facts import device, model_facts
-from .machine import parse_engine_binding
 
 
 @dataclass(frozen=True)
@@ -64,18 +63,9 @@ class DecodeFloor:
 
 
 def worker_threads(engine) -> int:
-    """The torch threads vLLM's worker computes with: its own log's record, else
-    the engine's OMP_NUM_THREADS, else the CPUs this process may use."""
-    try:
-        got = parse_engine_binding(Path(engine.server.log_path).read_text(errors="replace"))
-    except (OSError, AttributeError, TypeError):
-        got = {}
-    if got.get("torch_threads"):
-        return int(got["torch_threads"])
-    env = getattr(engine.server, "env", None) or {}
-    if str(env.get("OMP_NUM_THREADS", "")).isdigit():
-        return int(env["OMP_NUM_THREADS"])
-    return len(os.sched_getaffinity(0))
+    """The threads vLLM's worker computes with (`host.worker_threads`, from its
+    log and environment), else the CPUs this process may use."""
+    return host.worker_threads(engine) or len(os.sched_getaffinity(0))
 
 
 #: vLLM's --dtype spellings of the unquantized dtypes, as torch names them.
@@ -100,7 +90,6 @@ def step_facts(engine):
     tensors), or (None, dtype) when the model's geometry is unknown: its checkpoint
     as `facts.model_facts` knows it, with the projections 8-bit floats where the
     engine quantizes them online (`ONLINE_FP8`)."""
-    import dataclasses
     dtype = _engine_dtype(engine)
     facts = model_facts(engine.model_path or engine.model)
     if facts is None:
@@ -162,17 +151,12 @@ def measure(engine, *, steps: int = 21, gpu: str | None = None) -> DecodeFloor:
     floor = DecodeFloor(weights, dtype, bandwidth, f"measured: float32 sum, {threads} thread(s)",
                         threads, cpu_tuning.decode_floor_ms(weights, bandwidth))
     if facts.quantization != "none":
-        return _replace(floor, linears_why="a quantized checkpoint: the lab times unquantized "
+        return dataclasses.replace(floor, linears_why="a quantized checkpoint: the lab times unquantized "
                                            "GEMMs only")
     shapes = facts.decode_linear_shapes()
     got = cpu_tuning.decode_linears_ms(shapes, threads, steps, dtype=dtype)
-    return _replace(floor, linears_ms=got["ms_median"], linears_min_ms=got["ms_min"],
+    return dataclasses.replace(floor, linears_ms=got["ms_median"], linears_min_ms=got["ms_min"],
                     linear_count=len(shapes))
-
-
-def _replace(floor: DecodeFloor, **changes) -> DecodeFloor:
-    import dataclasses
-    return dataclasses.replace(floor, **changes)
 
 
 def single_stream_tpot(tpot: pd.DataFrame) -> pd.Series:
