@@ -268,7 +268,9 @@ def catalogue_plan(notebook: str, catalogue: Mapping[str, Arm], names: Sequence[
         a = catalogue[n]
         why = why_not(a)
         if not why and a.reference and needs_reference(a) and a.reference not in keep:
-            why = f"its reference {a.reference!r} cannot run here"
+            ref_why = why_not(catalogue[a.reference]) if a.reference in catalogue else ""
+            why = f"its reference {a.reference!r} cannot run here" + (f" ({ref_why})"
+                                                                     if ref_why else "")
         if why:
             notes.append(f"arm {n!r} skipped: {why}")
         else:

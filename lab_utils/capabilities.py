@@ -8,8 +8,10 @@ machine is wrong on the next, so each *candidate* (a dtype, a quantized
 checkpoint format, the fp8 KV cache, a speculative method) is probed here: a
 tiny engine start (512-token context, 64 MiB KV cache, the worker inside the
 engine-core process) and a few requests —
-one greedy question whose answer is checked, and timed requests for the speed
-of the path. Results are cached per machine fingerprint (CPU model, ISA,
+one greedy question whose answer is checked, the next-token choices on a fixed
+text against transformers' float32 ones (`verdict`: a right answer, or the same
+numerics where a near tie flipped the answer), and timed requests for the
+speed of the path. Results are cached per machine fingerprint (CPU model, ISA,
 cores, vLLM and torch versions, `lab_utils.machine.fingerprint`) under
 `<cache>/capabilities/`, so each candidate is probed once per machine.
 
@@ -37,6 +39,14 @@ from .profiles import ConfigError, Profile, load_profile
 #: The question every candidate answers greedily, and what the answer must contain.
 QUESTION = "What is the capital of France?"
 EXPECT = "paris"
+#: The numerics check beside the question: next-token choices on a fixed text
+#: (the first shipped document's first AGREE_TOKENS tokens, teacher-forced)
+#: against transformers' float32 ones for the full model. A candidate whose
+#: answer misses Paris still runs right where at least AGREE_MIN of them agree:
+#: the question's first token is a near tie for the embedded model (float32
+#: logits "The" 25.33, "L" 25.24), which bfloat16 rounding can flip; a broken
+#: kernel's choices do not agree.
+AGREE_TOKENS, AGREE_MIN = 128, 0.8
 #: Timed requests per candidate: prompt tokens, output tokens, how many.
 TIMED_PROMPT_TOKENS, TIMED_OUTPUT_TOKENS, TIMED_REQUESTS = 256, 16, 3
 #: Engine flags of every probe on top of the profile's: small and quick.
@@ -193,9 +203,9 @@ def probe_one(profile: Profile, c: Candidate, log_dir: Path) -> dict[str, Any]:
         if failed:
             raise ServerError(failed[0].error or "request failed")
         s = run.summary()
-        row.update(status="ok" if EXPECT in answer.lower() else "wrong answer",
-                   answer=answer.strip(), ttft_ms=s["ttft_ms_median"], tpot_ms=s["tpot_ms_median"],
-                   reason="" if EXPECT in answer.lower() else f"answered {answer.strip()!r}")
+        row.update(answer=answer.strip(), ttft_ms=s["ttft_ms_median"], tpot_ms=s["tpot_ms_median"],
+                   **numerics_check(profile, engine))
+        row.update(verdict(row))
         log = engine.server.log_path.read_text(errors="replace")
         info = parse_server_log(log)
         row.update(kernels=info.get("kernels", []), quantization=info.get("quantization"),
@@ -210,6 +220,57 @@ def probe_one(profile: Profile, c: Candidate, log_dir: Path) -> dict[str, Any]:
         pool.close()
     row["probe_s"] = round(time.perf_counter() - t0, 1)
     return row
+
+
+_REFERENCE: dict[tuple, dict] = {}
+
+
+def numerics_check(profile: Profile, engine) -> dict[str, Any]:
+    """The engine's next-token choices on the fixed text against transformers'
+    float32 ones for the profile's model: top-1 agreement, perplexity change
+    and tokens scored; {} when the reference cannot be computed here (the
+    model is not a local folder transformers loads)."""
+    from .quality import compare_logprobs, prompt_logprobs, reference_scores, text_windows, \
+        token_logprobs
+    from .workloads import local_tokenizer
+    model_dir = profile.model_for()
+    if not Path(model_dir).is_dir():
+        return {}
+    ids = text_windows(local_tokenizer(model_dir), 1, AGREE_TOKENS)[0]
+    key = (model_dir, tuple(ids))
+    if key not in _REFERENCE:
+        try:
+            _REFERENCE[key] = reference_scores(model_dir, ids)
+        except (ImportError, OSError, ValueError) as exc:
+            print(f"numerics check left out: transformers could not run {model_dir}: {exc}",
+                  file=sys.stderr)
+            return {}
+    logprobs, top1 = token_logprobs(ids, prompt_logprobs(engine, ids))
+    c = compare_logprobs(_REFERENCE[key], {"logprobs": logprobs, "top1": top1})
+    return {"top1_agreement": round(c["top1_agreement"], 4),
+            "ppl_change_pct": round(c["ppl_change_pct"], 2), "agreement_tokens": c["tokens"]}
+
+
+def verdict(row: Mapping[str, Any]) -> dict[str, str]:
+    """Status and reason of a probe that served: "ok" when the answer names
+    Paris or the next-token choices agree with float32 transformers on at
+    least AGREE_MIN of the fixed text (a near tie flipped by rounding, said in
+    `note`), else "wrong answer" with both facts."""
+    answer = str(row.get("answer", ""))
+    right = EXPECT in answer.lower()
+    agree = row.get("top1_agreement")
+    numerics = ("" if agree is None else
+                f"next-token choices agree with float32 transformers on {agree:.0%} of "
+                f"{row.get('agreement_tokens')} tokens of a fixed text")
+    if right:
+        return {"status": "ok", "reason": ""}
+    if agree is not None and agree >= AGREE_MIN:
+        return {"status": "ok", "reason": "",
+                "note": f"answered {answer!r}, not Paris, yet its {numerics} (at least "
+                        f"{AGREE_MIN:.0%} expected): rounding flipped a near tie"}
+    return {"status": "wrong answer",
+            "reason": f"answered {answer!r}" + (f"; its {numerics} (at least {AGREE_MIN:.0%} "
+                                                "expected)" if numerics else "")}
 
 
 # --------------------------------------------------------------------------
@@ -250,7 +311,8 @@ class Capabilities:
             return "not probed here"
         if r.get("status") == "ok":
             kernels = ", ".join(r.get("kernels") or [])
-            return "ok" + (f": {kernels}" if kernels else "")
+            return ("ok" + (f": {kernels}" if kernels else "")
+                    + (f" ({r['note']})" if r.get("note") else ""))
         return self.reason(name)
 
     def fastest(self, names: Iterable[str]) -> str | None:
@@ -271,7 +333,8 @@ class Capabilities:
             r = self.results.get(n, {})
             rows.append({"candidate": n, "title": candidate(n).title, "status": self.status(n),
                          "here": self.describe(n), "ttft_ms": r.get("ttft_ms"),
-                         "tpot_ms": r.get("tpot_ms"), "startup_s": r.get("startup_s")})
+                         "tpot_ms": r.get("tpot_ms"), "startup_s": r.get("startup_s"),
+                         "top1_agreement": r.get("top1_agreement")})
         frame = pd.DataFrame(rows).set_index("candidate")
         frame.attrs["machine"] = self.machine
         return frame
@@ -310,7 +373,7 @@ def probe(profile: Profile | str = "cpu", names: Sequence[str] | None = None, *,
                                            f"{profile.name!r} runs on {profile.device}"}
                              for n in names}, profile.device)
     path = cache_path()
-    todo = [n for n in names if refresh or n not in load_cache(path)]
+    todo = [n for n in names if refresh or _stale(load_cache(path).get(n))]
     if todo:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(todo), desc="probing what this vLLM build runs",
@@ -318,7 +381,7 @@ def probe(profile: Profile | str = "cpu", names: Sequence[str] | None = None, *,
         for n in _claimed(path, todo):
             bar.set_postfix_str(n)
             # a process that waited for this candidate reads what the other one probed
-            if refresh or n not in load_cache(path):
+            if refresh or _stale(load_cache(path).get(n)):
                 row = probe_one(profile, CANDIDATES[n], path.parent / "logs")
                 with locked(path):  # after each: an interrupted probe keeps the others
                     results = load_cache(path)
@@ -328,6 +391,40 @@ def probe(profile: Profile | str = "cpu", names: Sequence[str] | None = None, *,
         bar.close()
     results = load_cache(path)
     return Capabilities({n: results[n] for n in results}, "cpu", summary_line(machine_info()))
+
+
+def candidate_for(model: str | None, dtype: str, flags: Mapping[str, Any]) -> str | None:
+    """The dtype or quantization candidate an engine of `model` (a profile
+    model reference, None = the profile's main model) computing in `dtype`
+    with `flags` needs: same model, same dtype and the candidate's other flags
+    (e.g. `quantization`) equal to the engine's; None when no candidate
+    describes it (other models, speculative and KV-cache flags have their own)."""
+    for c in CANDIDATES.values():
+        if c.kind not in ("dtype", "quantization") or c.model != model or c.draft is not None:
+            continue
+        extra = {k: v for k, v in c.flags.items() if k != "dtype"}
+        if c.flags.get("dtype") == dtype and all(flags.get(k) == v for k, v in extra.items()) \
+                and flags.get("quantization") == extra.get("quantization"):
+            return c.name
+    return None
+
+
+def arm_why_not(profile: Profile, role: str | None, flags: Mapping[str, Any]) -> str:
+    """"" unless an engine of model `role` with `flags` needs a candidate the
+    probe found not running on this machine (then the probe's reason, probed
+    now if not cached). Only a role other than the main model is checked: the
+    main model in the profile's dtype is what every notebook starts."""
+    if role is None or role not in profile.models or profile.is_remote \
+            or profile.device != "cpu":
+        return ""
+    dtype = str(flags.get("dtype", profile.engine.get("dtype", "float32")))
+    return why_not(profile, candidate_for(profile.models[role], dtype, flags))
+
+
+def _stale(row: Mapping[str, Any] | None) -> bool:
+    """A candidate to probe (again): never probed, or judged "wrong answer" by
+    an earlier probe that did not check the numerics (`verdict`)."""
+    return row is None or (row.get("status") == "wrong answer" and "top1_agreement" not in row)
 
 
 def why_not(profile: Profile, name: str | None, caps: Capabilities | None = None) -> str:
@@ -349,7 +446,7 @@ ESTIMATE_COLUMNS = {"model": "model", "checkpoint_format": "checkpoint_format", 
 
 def support_table(arms: Mapping[str, tuple[str, str | None]],
                   caps: Capabilities | None = None, *, profile: Profile | None = None,
-                  engines: Sequence[Any] = ()):
+                  facts=None):
     """What this machine's vLLM build did with each arm's candidate, for
     `arms` {arm: (title, candidate or None)}: the probe's cached results
     (`caps`, or this machine's cache), "not probed here" for the rest; a
@@ -357,9 +454,10 @@ def support_table(arms: Mapping[str, tuple[str, str | None]],
 
     On a `profile` other than a local cpu one nothing was probed (the probe
     runs on the cpu profile; this machine's CPU results say nothing of a GPU):
-    every arm says so, beside the plan checker's estimates for the arms of
-    `engines` (`lab_utils.plan.engine_facts`: model, checkpoint format,
-    weights, KV tokens), and `attrs["machine"]` says where those come from."""
+    every arm says so, beside the plan checker's estimates `facts` where the
+    caller has them (`lab_utils.plan.engine_facts` of the arms' engines: model,
+    checkpoint format, weights, KV tokens), and `attrs["machine"]` says where
+    those come from."""
     import pandas as pd
 
     from .machine import machine_info, summary_line
@@ -367,9 +465,7 @@ def support_table(arms: Mapping[str, tuple[str, str | None]],
         frame = pd.DataFrame({"title": [t for t, _ in arms.values()]},
                              index=pd.Index(list(arms), name="arm"))
         frame.attrs["machine"] = f"profile {profile.name!r}: a server the lab does not start"
-        if engines and not profile.is_remote:
-            from .plan import engine_facts
-            facts = engine_facts(profile, engines)
+        if facts is not None and not profile.is_remote:
             frame = frame.join(facts[[c for c in ESTIMATE_COLUMNS if c in facts]].rename(
                 columns=ESTIMATE_COLUMNS))
             frame.attrs["machine"] = facts.attrs["source"]

@@ -302,6 +302,11 @@ class NotebookContext:
         a = self.plan.arm(arm) if self.plan is not None else arm
         if not isinstance(a, Arm):
             raise ConfigError(f"{self.name} has no plan: pass plan= to lab.setup")
+        from .capabilities import arm_why_not
+        why = arm_why_not(self.profile, a.role, a.flags)
+        if why:  # e.g. a quantized model this machine's vLLM build cannot run
+            self.skip(a, f"the capability probe: {why}")
+            return None
         shared = self.engines.shared
         try:
             self.engines.shared = shared and not a.fresh  # a fresh arm's is never lent

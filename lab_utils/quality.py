@@ -89,6 +89,23 @@ def prompt_logprobs(engine, prompt_ids: Sequence[int], top: int = 1) -> list:
     return lps
 
 
+def reference_scores(model_dir: str, prompt_ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """The same teacher-forced signals as `token_logprobs` of a vLLM response,
+    computed by transformers in float32 from the model's own files: the
+    log-prob of each prompt token after the first and the top-1 token id at
+    each of those positions ({"logprobs", "top1"}, for `compare_logprobs`).
+    An independent reference for an engine's numerics (~1 s on 2 cores for
+    the embedded model, plus ~4 s to import transformers once)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    ids = torch.tensor([list(prompt_ids)])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
+    actual = logp[torch.arange(ids.shape[1] - 1), ids[0, 1:]]
+    return {"logprobs": actual.numpy().astype(float), "top1": logp.argmax(-1).numpy().astype(int)}
+
+
 def pooled_perplexity(scores: pd.DataFrame) -> float:
     """Perplexity over every window of `score_text` rows together (their
     negative log-likelihoods and tokens summed), not a mean of perplexities."""
@@ -282,5 +299,6 @@ def identity_summary(identity: pd.DataFrame,
 __all__ = ["agreement", "answer_specs", "answer_summary", "answer_table", "answers_frame",
            "compare_logprobs", "first_difference", "greedy_answers", "identity_summary",
            "output_identity", "text_diff",
-           "normalise_answer", "perplexity", "pooled_perplexity", "prompt_logprobs", "score_text",
+           "normalise_answer", "perplexity", "pooled_perplexity", "prompt_logprobs",
+           "reference_scores", "score_text",
            "text_windows", "token_logprobs"]

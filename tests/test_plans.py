@@ -1,8 +1,8 @@
 """Every notebook's engines come from its declared plan (`lab_utils.arms`).
 
 For each notebook, its module's `plan(profile, params)` is read on the `cpu`
-profile with the notebook's default and smoke parameters, on an AVX-512 and an
-AVX2-only machine's probe results (no engine starts), and each arm's command
+profile with the notebook's default and smoke parameters, on an AVX-512, an
+AVX2-only and an AMX machine's probe results (no engine starts), and each arm's command
 line is parsed by the installed vLLM's own argument parser: what vLLM sees
 changing between an arm and its reference must be exactly the knob the arm
 names. The notebook must hand that plan to `lab.setup`.
@@ -23,10 +23,10 @@ from lab_utils.notebook import parameter_defaults
 from lab_utils.paths import NOTEBOOKS_DIR
 from lab_utils.profiles import engine_argv, load_profile
 from lab_utils.smoke import smoke_parameters
-from test_capabilities import AVX2, AVX512
+from test_capabilities import AMX, AVX2, AVX512
 
 NOTEBOOKS = sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
-MACHINES = {"avx512": AVX512, "avx2": AVX2}
+MACHINES = {"avx512": AVX512, "avx2": AVX2, "amx": AMX}
 
 _PARSE = r"""
 import json, sys

@@ -260,8 +260,11 @@ def test_split_cores_refuses_a_remote_profile():
 
 
 def test_plan_keeps_both_tiers_alive_and_names_what_the_small_one_changes(monkeypatch):
+    from lab_utils import capabilities as cap
     from lab_utils.arms import ROLE, env_knob
     from lab_utils.profiles import load_profile
+    from test_capabilities import AVX512
+    monkeypatch.setattr(cap, "probe", lambda *a, **k: cap.Capabilities(AVX512))
     cpu = load_profile("cpu")
     plan = tx.plan(cpu, {"split_cores": False})
     assert plan.names == [LARGE, SMALL] and plan.problems() == [] and plan.keep == 2
@@ -273,6 +276,30 @@ def test_plan_keeps_both_tiers_alive_and_names_what_the_small_one_changes(monkey
     assert dict(split.arm(SMALL).env) == {"VLLM_CPU_OMP_THREADS_BIND": "1"}
     assert split.arm(SMALL).knob == (ROLE, env_knob("VLLM_CPU_OMP_THREADS_BIND"))
     assert split.problems() == []
+
+
+def test_the_small_tier_computes_in_a_dtype_its_int8_kernel_runs_here(monkeypatch):
+    from lab_utils import capabilities as cap
+    from lab_utils.arms import ROLE
+    from lab_utils.profiles import load_profile
+    from test_capabilities import AMX, AVX512
+    cpu = load_profile("cpu")
+    # Where W8A8 runs in the profile's float32 (the Zen 4 guest): as the profile says.
+    monkeypatch.setattr(cap, "probe", lambda *a, **k: cap.Capabilities(AVX512))
+    plan = tx.plan(cpu, {})
+    assert not plan.arm(SMALL).flags and plan.arm(SMALL).knob == ROLE and not plan.notes
+    # On AMX vLLM's INT8 GEMM takes only bfloat16 activations: the small tier
+    # computes in bfloat16, the plan names both knobs and says why.
+    monkeypatch.setattr(cap, "probe", lambda *a, **k: cap.Capabilities(AMX))
+    plan = tx.plan(cpu, {})
+    assert dict(plan.arm(SMALL).flags) == {"dtype": "bfloat16"}
+    assert plan.arm(SMALL).knob == (ROLE, "dtype") and plan.problems() == []
+    assert "expect A to be bfloat16" in plan.notes[0] and "bfloat16" in plan.arm(SMALL).title
+    # Neither runs: no flags; the notebook's engine cell skips the tier with both reasons.
+    failing = {**AMX, "w8a8_bf16": {"status": "fails", "reason": "no INT8 kernel"}}
+    monkeypatch.setattr(cap, "probe", lambda *a, **k: cap.Capabilities(failing))
+    flags, note = tx.small_tier_flags(cpu)
+    assert flags == {} and "expect A to be bfloat16" in note and "no INT8 kernel" in note
 
 
 def test_quality_pass_scores_each_tier_with_its_confidence(monkeypatch):

@@ -7,7 +7,8 @@ Tiers are two engines of the profile running side by side (`plan`: two arms
 alive together): the main model (large) and the profile's `small` role. On
 the `cpu` profile the small tier is the embedded model's W8A8-INT8 copy built
 by `lab_utils.quantize` (the only smaller derivative that still answers: cut
-copies lose nearly every answer); on `gpu` it is Qwen2.5-1.5B-Instruct beside
+copies lose nearly every answer), in the dtype this machine's probe runs it in
+(`small_tier_flags`); on `gpu` it is Qwen2.5-1.5B-Instruct beside
 Qwen2.5-7B-Instruct; on `remote` map a second server to the `small` role
 (`LAB_REMOTE_ARMS`).
 """
@@ -83,6 +84,36 @@ def tier_env(profile: Profile, split_cores: bool = False) -> dict[str, dict[str,
     return split_core_env()
 
 
+def small_tier_flags(profile: Profile, caps=None) -> tuple[dict[str, Any], str]:
+    """The small tier's dtype on a local CPU, from this machine's capability
+    probe (`lab_utils.capabilities`): the profile's own when its small model
+    runs in it, else the other full-precision dtype where that runs (vLLM's
+    INT8 GEMM on AMX takes only bfloat16 activations: "int8_scaled_mm_with_quant:
+    expect A to be bfloat16 or half"); with a note saying so. ({}, "") off
+    the cpu profile, or when no probe candidate describes the small model."""
+    from .. import capabilities
+    if profile.is_remote or profile.device != "cpu" or SMALL_ROLE not in profile.models:
+        return {}, ""
+    model, base = profile.models[SMALL_ROLE], str(profile.engine.get("dtype", "float32"))
+    dtypes = [base] + [d for d in ("float32", "bfloat16") if d != base]
+    names = [(d, capabilities.candidate_for(model, d, {"dtype": d})) for d in dtypes]
+    if names[0][1] is None:
+        return {}, ""
+    whys = []
+    for dtype, name in names:
+        if name is None:
+            continue
+        why = (caps.reason(name) if caps is not None and caps.probed(name)
+               else capabilities.why_not(profile, name))
+        if not why:
+            if dtype == base:
+                return {}, ""
+            return {"dtype": dtype}, (f"small tier in {dtype}: its model does not run in the "
+                                      f"profile's {base} here ({'; '.join(whys)})")
+        whys.append(f"{name}: {why}")
+    return {}, "small tier: " + "; ".join(whys)
+
+
 def plan(profile: Profile, params: Mapping[str, Any]) -> arms.Plan:
     """The two tiers, alive at once (the routed arm alternates between them):
     the profile's main model (large, the baseline) and its `small` role. On a
@@ -92,19 +123,24 @@ def plan(profile: Profile, params: Mapping[str, Any]) -> arms.Plan:
     second engine whose share exceeds the memory the first left free."""
     from ..plan import memory_shares
     env = tier_env(profile, bool(params.get("split_cores", False)))
+    small_flags, note = small_tier_flags(profile)
     tiers = (arms.Arm(LARGE, env=env[LARGE], title="large tier: the profile's model"),
-             arms.Arm(SMALL, role=SMALL_ROLE, env=env[SMALL],
-                      title=f"small tier: the profile's {SMALL_ROLE!r} role"))
+             arms.Arm(SMALL, role=SMALL_ROLE, env=env[SMALL], flags=small_flags,
+                      title=f"small tier: the profile's {SMALL_ROLE!r} role"
+                            + (f" in {small_flags['dtype']}" if small_flags else "")))
     shares = memory_shares(profile, tiers)
     # With split_cores the small tier also gets the other half of the cores,
     # on a GPU its own memory share: both tiers run at the same time, so it
     # cannot share the large one's binding or memory. Declared together.
-    knob = tuple(k for k, on in ((ROLE, True), (arms.env_knob(BIND), bool(env[SMALL])),
+    # On a CPU whose INT8 kernel needs bfloat16 the small tier computes in it too.
+    knob = tuple(k for k, on in ((ROLE, True), ("dtype", bool(small_flags)),
+                                 (arms.env_knob(BIND), bool(env[SMALL])),
                                  ("gpu_memory_utilization", bool(shares))) if on)
     return arms.Plan("11_model_tiering", tuple(
-        dataclasses.replace(a, flags={"gpu_memory_utilization": shares[a.name]} if shares else {},
+        dataclasses.replace(a, flags={**a.flags, **({"gpu_memory_utilization": shares[a.name]}
+                                                    if shares else {})},
                             knob=(knob if len(knob) > 1 else knob[0]) if a.role else None)
-        for a in tiers), together=((LARGE, SMALL),))
+        for a in tiers), together=((LARGE, SMALL),), notes=(note,) if note else ())
 
 
 def tier_engines(ctx) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from ..decode_floor import step_weight_bytes
 from ..figures.quantization import plot_latency, plot_speed_vs_quality
 from ..host import measured_compute
 from ..metrics import change_pct
-from ..plan import role_reference
+from ..plan import engine_facts, role_reference
 from ..profiles import ConfigError, Profile
 from ..quality import agreement, greedy_answers, pooled_perplexity, score_text, text_windows
 from ..results import measure
@@ -159,9 +159,12 @@ def support_table(profile: Profile, names: Sequence[str] | None = None, caps=Non
     profile, elsewhere the plan checker's estimates and "not probed"
     (`lab_utils.capabilities.support_table`); `attrs["machine"]` says which."""
     names = list(names if names is not None else ARMS)
+    engines = [arm(n) for n in names if role_reference(profile, arm(n).role)]
+    facts = (engine_facts(profile, engines) if engines and profile.device != "cpu"
+             and not profile.is_remote else None)
     return capabilities.support_table(
         {n: (arm(n).title, probe_name(profile, n)) for n in names}, caps, profile=profile,
-        engines=[arm(n) for n in names if role_reference(profile, arm(n).role)])
+        facts=facts)
 
 
 #: The article's claims (source README, technique 6 and the checklist).
