@@ -230,6 +230,7 @@ def numerics_check(profile: Profile, engine) -> dict[str, Any]:
     float32 ones for the profile's model: top-1 agreement, perplexity change
     and tokens scored; {} when the reference cannot be computed here (the
     model is not a local folder transformers loads)."""
+    from .errors import ServerError
     from .quality import compare_logprobs, prompt_logprobs, reference_scores, text_windows, \
         token_logprobs
     from .workloads import local_tokenizer
@@ -245,7 +246,12 @@ def numerics_check(profile: Profile, engine) -> dict[str, Any]:
             print(f"numerics check left out: transformers could not run {model_dir}: {exc}",
                   file=sys.stderr)
             return {}
-    logprobs, top1 = token_logprobs(ids, prompt_logprobs(engine, ids))
+    try:
+        logprobs, top1 = token_logprobs(ids, prompt_logprobs(engine, ids))
+    except (ServerError, OSError, ValueError, KeyError) as exc:  # the answer alone decides
+        print(f"numerics check left out: the engine gave no prompt log-probs: {exc}",
+              file=sys.stderr)
+        return {}
     c = compare_logprobs(_REFERENCE[key], {"logprobs": logprobs, "top1": top1})
     return {"top1_agreement": round(c["top1_agreement"], 4),
             "ppl_change_pct": round(c["ppl_change_pct"], 2), "agreement_tokens": c["tokens"]}
