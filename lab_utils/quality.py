@@ -99,6 +99,13 @@ def reference_scores(model_dir: str, prompt_ids: Sequence[int]) -> dict[str, np.
     import torch
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    return teacher_forced(model, prompt_ids)
+
+
+def teacher_forced(model, prompt_ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """A transformers causal LM's log-prob of each token of `prompt_ids` after
+    the first and its top-1 token id at each of those positions."""
+    import torch
     ids = torch.tensor([list(prompt_ids)])
     with torch.no_grad():
         logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
@@ -300,5 +307,5 @@ __all__ = ["agreement", "answer_specs", "answer_summary", "answer_table", "answe
            "compare_logprobs", "first_difference", "greedy_answers", "identity_summary",
            "output_identity", "text_diff",
            "normalise_answer", "perplexity", "pooled_perplexity", "prompt_logprobs",
-           "reference_scores", "score_text",
+           "reference_scores", "score_text", "teacher_forced",
            "text_windows", "token_logprobs"]

@@ -478,7 +478,7 @@ def quality_breakdown(model_dir: str | Path, windows: Sequence[Sequence[int]],
     import torch
     from transformers import AutoModelForCausalLM
 
-    from .quality import perplexity
+    from .quality import perplexity, teacher_forced
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     linears = {n: m for n, m in model.named_modules()
                if isinstance(m, torch.nn.Linear) and "lm_head" not in n}
@@ -502,11 +502,9 @@ def quality_breakdown(model_dir: str | Path, windows: Sequence[Sequence[int]],
         hooks = [m.register_forward_pre_hook(int8_per_token) for m in linears.values()] \
             if acts else []
         nll, n_tok = 0.0, 0
-        with torch.no_grad():
-            for ids in windows:
-                logp = torch.log_softmax(model(torch.tensor([list(ids)])).logits[0, :-1], -1)
-                nll -= logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].sum().item()
-                n_tok += len(ids) - 1
+        for ids in windows:
+            nll -= float(teacher_forced(model, ids)["logprobs"].sum())
+            n_tok += len(ids) - 1
         for h in hooks:
             h.remove()
         rows.append({"case": case, "perplexity": perplexity(nll, n_tok)})

@@ -84,33 +84,25 @@ def tier_env(profile: Profile, split_cores: bool = False) -> dict[str, dict[str,
     return split_core_env()
 
 
-def small_tier_flags(profile: Profile, caps=None) -> tuple[dict[str, Any], str]:
+def small_tier_flags(profile: Profile) -> tuple[dict[str, Any], str]:
     """The small tier's dtype on a local CPU, from this machine's capability
-    probe (`lab_utils.capabilities`): the profile's own when its small model
-    runs in it, else the other full-precision dtype where that runs (vLLM's
-    INT8 GEMM on AMX takes only bfloat16 activations: "int8_scaled_mm_with_quant:
-    expect A to be bfloat16 or half"); with a note saying so. ({}, "") off
-    the cpu profile, or when no probe candidate describes the small model."""
-    from .. import capabilities
-    if profile.is_remote or profile.device != "cpu" or SMALL_ROLE not in profile.models:
-        return {}, ""
-    model, base = profile.models[SMALL_ROLE], str(profile.engine.get("dtype", "float32"))
-    dtypes = [base] + [d for d in ("float32", "bfloat16") if d != base]
-    names = [(d, capabilities.candidate_for(model, d, {"dtype": d})) for d in dtypes]
-    if names[0][1] is None:
-        return {}, ""
+    probe (`lab_utils.capabilities.arm_why_not`): the profile's own when its
+    small model runs in it, else the other full-precision dtype where that runs
+    (vLLM's INT8 GEMM on AMX takes only bfloat16 activations:
+    "int8_scaled_mm_with_quant: expect A to be bfloat16 or half"), with a note
+    saying so; with neither, no flags and a note of both reasons (the engine
+    cell then skips the tier with them). ({}, "") off the cpu profile, or
+    when no probe candidate describes the small model."""
+    from ..capabilities import arm_why_not
+    base = str(profile.engine.get("dtype", "float32"))
     whys = []
-    for dtype, name in names:
-        if name is None:
-            continue
-        why = (caps.reason(name) if caps is not None and caps.probed(name)
-               else capabilities.why_not(profile, name))
+    for dtype in [base] + [d for d in ("float32", "bfloat16") if d != base]:
+        flags = {} if dtype == base else {"dtype": dtype}
+        why = arm_why_not(profile, SMALL_ROLE, flags)
         if not why:
-            if dtype == base:
-                return {}, ""
-            return {"dtype": dtype}, (f"small tier in {dtype}: its model does not run in the "
-                                      f"profile's {base} here ({'; '.join(whys)})")
-        whys.append(f"{name}: {why}")
+            return flags, (f"small tier in {dtype}: its model does not run in the profile's "
+                           f"{base} here ({'; '.join(whys)})" if flags else "")
+        whys.append(f"{dtype}: {why}")
     return {}, "small tier: " + "; ".join(whys)
 
 
