@@ -18,8 +18,10 @@ what the forward pass cannot beat with vLLM's kernels. Every engine logs its ste
 (`--enable-logging-iteration-details`), so the single-stream series also says
 how much of TPOT is the engine's decode step and how much the rest of the
 serving path (not for the "inproc" configurations: with the worker inside the
-engine core, vLLM's step timer covers the sampling only). Results go to
-`--out` (a folder) as JSON.
+engine core, vLLM's step timer covers the sampling only). During that series it
+also counts the cores the engine's processes kept busy ("cores c=1": the ones
+computing the model / the others, e.g. an engine core polling its worker's
+queue). Results go to `--out` (a folder) as JSON.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 import lab_utils as lab
-from lab_utils import cpu_tuning
+from lab_utils import cpu_tuning, host
 from lab_utils.engine_steps import StepLog
 from lab_utils.facts import model_facts
 from lab_utils.machine import parse_engine_binding
@@ -130,7 +132,8 @@ def measure_config(pool, name: str, env: dict, tok, args, seed: int) -> dict:
     client = lab.Client.for_engine(engine)
     ttft = client.run(ttft_specs, lab.Load.sequential(), progress=False)
     steps = StepLog(engine).start()
-    tpot = client.run(tpot_specs, lab.Load.sequential(), progress=False)
+    with host.EngineCPU(engine) as cpu:
+        tpot = client.run(tpot_specs, lab.Load.sequential(), progress=False)
     steps = steps.read()
     decode = steps[(steps.ctx_requests == 0) & (steps.gen_requests == 1)]
     conc = client.run(conc_specs, lab.Load.concurrent(args.concurrency), progress=False)
@@ -150,6 +153,11 @@ def measure_config(pool, name: str, env: dict, tok, args, seed: int) -> dict:
             # after the forward pass (cpu_tuning.STEP_TIMING_FLAG)
             "decode_step_ms": ([] if env.get(cpu_tuning.MULTIPROCESSING) == "0"
                                else [float(v) for v in decode.elapsed_ms]),
+            # cores the engine's processes kept busy during that series: the ones that
+            # compute the model (the worker, or the engine core holding it), and the
+            # rest (API server; engine core polling the worker's queue)
+            "cores_model": cpu.worker_cpu_s / cpu.wall_s,
+            "cores_other": (cpu.cpu_s - cpu.worker_cpu_s) / cpu.wall_s,
             "tpot_conc_ms": [r.tpot * 1e3 for r in conc.records if r.ok and r.tpot],
             # single-stream TPOT beside a job computing on every core
             "tpot_busy_ms": [r.tpot * 1e3 for r in busy.records if r.ok and r.tpot],
@@ -232,17 +240,20 @@ def main() -> int:
     print(f"\n{'config':{width}s} {'start s':>13s} {'TTFT ms p50 / p90':>19s} {'TPOT c=1 p50 / p90':>19s} "
           f"{'step c=1 p50 / p90':>19s} "
           f"{'TPOT c=' + str(args.concurrency) + ' p50 / p90':>19s} "
-          f"{'TPOT busy p50 / p90':>19s}  binding")
+          f"{'TPOT busy p50 / p90':>19s} {'cores c=1':>11s}  binding")
     for name in args.configs:
         mine = [r for r in runs if r["config"] == name]
         if not mine:
             continue
         pool_of = lambda key: [v for r in mine for v in r[key]]  # noqa: E731
         starts = "/".join(f"{r['startup_s']:.1f}" for r in mine)
+        # cores busy during the single-stream series: model / other processes
+        cores = (f"{np.median([r['cores_model'] for r in mine]):.2f}/"
+                 f"{np.median([r['cores_other'] for r in mine]):.2f}")
         print(f"{name:{width}s} {starts:>13s} {stats(pool_of('ttft_ms')):>19s} {stats(pool_of('tpot_ms')):>19s} "
               f"{stats(pool_of('decode_step_ms')):>19s} "
               f"{stats(pool_of('tpot_conc_ms')):>19s} "
-              f"{stats(pool_of('tpot_busy_ms')):>19s}  {mine[0]['binding_log']}")
+              f"{stats(pool_of('tpot_busy_ms')):>19s} {cores:>11s}  {mine[0]['binding_log']}")
     fastest = min((np.median([v for r in runs if r["config"] == n for v in r["tpot_ms"]]), n)
                   for n in {r["config"] for r in runs})
     # each series against the floor measured just before it, then the median
