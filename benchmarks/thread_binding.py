@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/thread_binding.py                 # all configurations, 2 rounds
     .venv/bin/python benchmarks/thread_binding.py --configs auto all+tcmalloc --rounds 1
+    .venv/bin/python benchmarks/thread_binding.py --configs all+tcmalloc --profile   # where a step goes
 
 Each configuration starts the `cpu` profile's engine with one environment
 (see `lab_utils.cpu_tuning.binding_env`) and measures, one request at a time,
@@ -38,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 import lab_utils as lab
-from lab_utils import cpu_tuning, host
+from lab_utils import cpu_tuning, host, step_profile
 from lab_utils.engine_steps import StepLog
 from lab_utils.facts import model_facts
 from lab_utils.machine import parse_engine_binding
@@ -118,8 +119,10 @@ def competing_job(limit_s: float = 600.0):
         proc.wait()
 
 
-def measure_config(pool, name: str, env: dict, tok, args, seed: int) -> dict:
-    engine = pool.get(env={**env, **ENV.get(name, {})}, **STEP_LOG, **FLAGS.get(name, {}))
+def measure_config(pool, name: str, env: dict, tok, args, seed: int, profile_dir=None) -> dict:
+    profiling = step_profile.profiler_flags(profile_dir) if profile_dir else {}
+    engine = pool.get(env={**env, **ENV.get(name, {})}, **STEP_LOG, **FLAGS.get(name, {}),
+                      **profiling)
     print(f"[{name}] {engine.command} (started in {engine.server.startup_s:.1f} s)", flush=True)
     warm = lab.synthetic_specs(tok, 1, 64, max_tokens=4, seed=999)
     lab.Client.for_engine(engine).run(warm, lab.Load.sequential(), progress=False)
@@ -141,6 +144,15 @@ def measure_config(pool, name: str, env: dict, tok, args, seed: int) -> dict:
                                      seed=seed + 3)
     with competing_job():
         busy = client.run(busy_specs, lab.Load.sequential(), progress=False)
+    breakdown = {}
+    if profile_dir:
+        # vLLM's torch profiler over single-request decoding: short prompts, so the
+        # prefill steps stay a small part of the profile (step_profile.decode_breakdown)
+        prof_specs = lab.synthetic_specs(tok, 2, 16, max_tokens=args.output_tokens,
+                                         seed=seed + 4)
+        with step_profile.Profiling(engine):
+            client.run(prof_specs, lab.Load.sequential(), progress=False)
+        breakdown = step_profile.decode_breakdown(step_profile.read_table(profile_dir))
     got = parse_engine_binding(engine.server.log_path.read_text(errors="replace"))
     binding = (f"{got.get('executor')}: core ids={got.get('core_ids', '-')} "
                f"reserved={got.get('reserved_cpus', '-')} threads={got.get('torch_threads')}")
@@ -161,6 +173,8 @@ def measure_config(pool, name: str, env: dict, tok, args, seed: int) -> dict:
             "tpot_conc_ms": [r.tpot * 1e3 for r in conc.records if r.ok and r.tpot],
             # single-stream TPOT beside a job computing on every core
             "tpot_busy_ms": [r.tpot * 1e3 for r in busy.records if r.ok and r.tpot],
+            # ms per single-request decode step by vLLM's torch profiler (--profile)
+            "step_profile": breakdown,
             "answers": [r.text for r in tpot.records],   # greedy: equal across configurations
             "failed": sum(not r.ok for r in (*ttft.records, *tpot.records, *conc.records,
                                              *busy.records))}
@@ -182,6 +196,9 @@ def main() -> int:
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile single-request decode steps with vLLM's torch profiler "
+                         "and print where a step's time goes (lab_utils.step_profile)")
     args = ap.parse_args()
     out_dir = args.out or Path(tempfile.mkdtemp(prefix="thread-binding-"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -230,7 +247,9 @@ def main() -> int:
             runs.append({"round": rnd, "bandwidth_gbs": bw_now,
                          "floor_ms": cpu_tuning.decode_floor_ms(weights, bw_now),
                          **measure_config(pool, name, env, tok, args,
-                                          seed=base_seed + 10 * rnd)})
+                                          seed=base_seed + 10 * rnd,
+                                          profile_dir=(out_dir / "profiles" / f"{name}-{rnd}"
+                                                       if args.profile else None))})
             pool.close()  # one engine at a time: the configurations must not share cores
             (out_dir / "thread_binding.json").write_text(json.dumps(
                 {"bandwidth_gbs": bw, "weight_bytes": weights, "linears_ms": linears,
@@ -289,6 +308,19 @@ def main() -> int:
               f"{linears['ms_median'] / floor:.2f}x the floor; the step's other "
               f"{s - linears['ms_median']:.1f} ms are attention, norms, rotary, sampling and "
               f"the hand-over")
+    profiled = [r for r in runs if r.get("step_profile")]
+    if profiled:
+        parts = ["matrix products", "attention", "compiled kernels", "other ops",
+                 "python in the step"]
+        print("\nwhere a single-request decode step goes under vLLM's torch profiler "
+              "(ms per step, median over rounds; the profiler adds to every op):")
+        print(f"{'config':{width}s} {'step':>6s} " + " ".join(f"{p:>18s}" for p in parts))
+        for name in args.configs:
+            mine = [r["step_profile"] for r in profiled if r["config"] == name]
+            if mine:
+                med = lambda k: float(np.median([m[k] for m in mine]))  # noqa: E731
+                print(f"{name:{width}s} {med('step_ms'):6.1f} "
+                      + " ".join(f"{med(p):18.1f}" for p in parts))
     print(f"saved: {out_dir / 'thread_binding.json'}")
     return 0
 

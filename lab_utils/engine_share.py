@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.request import Request, urlopen
 
 from .engine_lease import DEV_MODE, SHARE_ENV, broker_url, config_key, key_of
 from .host import free_memory_fraction as _free_fraction
+from .http import post_empty
 from .server import VLLMServer, start_on_a_free_port
 
 __all__ = ["Broker", "DEV_MODE", "SHARE_ENV", "broker_url", "config_key", "key_of"]
@@ -293,8 +293,6 @@ def _with_port(argv: Sequence[str], port: int) -> list[str]:
 def _reset_prefix_cache(base_url: str) -> bool:
     """Empty the engine's prefix cache (a dev-mode endpoint); False if it failed."""
     try:
-        with urlopen(Request(base_url + "/reset_prefix_cache", data=b"", method="POST"),
-                     timeout=30) as r:
-            return r.status == 200
+        return post_empty(base_url + "/reset_prefix_cache") == 200
     except OSError:
         return False

@@ -2,7 +2,8 @@
 returns the status and body, and a JSON POST to an OpenAI-compatible API.
 
 Streamed, timed requests go through `lab_utils.client`; these are for
-health checks, /metrics, /version, one-off answers (prompt logprobs) and a
+health checks, /metrics, /version, one-off answers (prompt logprobs), vLLM's
+control endpoints (an empty POST) and a
 look at a response's raw bytes (`fetch_raw`: a wire format as it is sent).
 """
 from __future__ import annotations
@@ -33,6 +34,18 @@ def http_get(url: str, timeout: float = 5.0, api_key: str | None = None) -> tupl
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
+
+
+def post_empty(url: str, timeout: float = 30.0) -> int:
+    """HTTP status of a POST without a body (vLLM's /reset_prefix_cache,
+    /start_profile, /stop_profile): an error status is returned, not raised
+    (a connection that fails raises OSError)."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"),
+                                    timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 def post_json(base_url_or_engine: Any, path: str, body: Mapping[str, Any],
