@@ -7,7 +7,7 @@ module says what the rest of the step is. An engine started with
 worker's side only) records every op between `POST /start_profile` and
 `POST /stop_profile` (`Profiling`), and its worker writes torch's per-op table
 to `<folder>/<worker>.profiler_out.txt`. `read_table` parses that table and
-`decode_breakdown` splits the single-request decode steps in it (vLLM names
+`decode_breakdown` splits the single-request decode steps of a CPU engine in it (vLLM names
 each step `execute_context_<n>(<tokens>)_generation_<m>(<tokens>)`) into
 milliseconds per step:
 
@@ -40,11 +40,11 @@ PROFILER_FLAG = "profiler_config"
 #: vLLM's name of a step with one request decoding and none in prefill.
 SINGLE_DECODE_STEP = "execute_context_0(0)_generation_1(1)"
 
-#: Op names (substrings) of each category, first match wins. CPU backend names;
-#: a GPU's GEMMs show as aten::mm / aten::addmm / cutlass kernels.
+#: Op names (substrings) of each category, first match wins: vLLM's CPU backend's
+#: ops and torch's own GEMMs.
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("matrix products", ("onednn_mm", "onednn_scaled_mm", "int8_scaled_mm", "cpu_gemm",
-                         "aten::mm", "aten::addmm", "aten::linear", "aten::bmm", "cutlass")),
+                         "aten::mm", "aten::addmm", "aten::linear", "aten::bmm")),
     ("attention", ("attention", "kv_cache", "reshape_and_cache")),
     ("compiled kernels", ("CompiledFxGraph",)),
 )
@@ -81,9 +81,16 @@ def _ms(value: str, unit: str) -> float:
 
 
 def parse_table(text: str) -> list[OpRow]:
-    """The rows of torch's `key_averages().table()` (self CPU, CPU total, calls)."""
+    """The rows of torch's `key_averages().table()` (self CPU, CPU total, calls)
+    as a CPU engine's worker writes it. A GPU worker's table (device columns:
+    Self CUDA, ...) raises ProfileError: there a step's time is the device's,
+    which this split of CPU time does not read."""
     rows = []
     for line in text.splitlines():
+        if line.lstrip().startswith("Name") and re.search(r"CUDA|XPU|Device", line):
+            raise ProfileError("a GPU worker's profile: its steps run on the device, and "
+                               "step_profile splits a CPU engine's steps only (read the "
+                               "table's device columns, or the trace, directly)")
         m = _ROW.match(line.strip())
         if m and m.group("name") != "Name":
             g = m.groups()

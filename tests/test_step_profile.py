@@ -81,6 +81,13 @@ def test_decode_breakdown_refuses_what_it_cannot_split():
         step_profile.decode_breakdown([r for r in rows if "generation_1" not in r.name])
 
 
+def test_a_gpu_workers_table_is_refused_not_misread():
+    gpu_header = ("Name    Self CPU %      Self CPU   CPU total %     CPU total  CPU time avg"
+                  "     Self CUDA   Self CUDA %    CUDA total  CUDA time avg    # of Calls")
+    with pytest.raises(ProfileError, match="GPU"):
+        step_profile.parse_table(f"{RULE}\n{gpu_header}\n{RULE}\n")
+
+
 def test_read_table_names_the_fix(tmp_path):
     with pytest.raises(ProfileError, match="profiler_flags"):
         step_profile.read_table(tmp_path)
