@@ -30,6 +30,7 @@ import pandas as pd
 
 from . import cpu_tuning, host
 from .facts import device, model_facts
+from .step_profile import PARTS as STEP_PARTS
 
 
 @dataclass(frozen=True)
@@ -191,9 +192,12 @@ def table(floor: DecodeFloor, tpot: pd.DataFrame) -> pd.DataFrame:
     return out.round({"ms": 1, "x floor": 2})
 
 
-def finding(floor: DecodeFloor, tpot: pd.DataFrame) -> dict[str, Any]:
+def finding(floor: DecodeFloor, tpot: pd.DataFrame,
+            step_split: dict | None = None) -> dict[str, Any]:
     """The finding (`Results.add_finding` keywords): the floor -> single-stream TPOT
-    median, with how the floor was found and what the matrix products alone take."""
+    median, with how the floor was found and what the matrix products alone take,
+    and, given `step_split` (`baseline.decode_step_split`: vLLM's torch profiler),
+    what a decode step is made of."""
     alone = single_stream_tpot(tpot)
     if floor.floor_ms is None:
         mechanism = f"floor unknown: {floor.why}"
@@ -206,9 +210,15 @@ def finding(floor: DecodeFloor, tpot: pd.DataFrame) -> dict[str, Any]:
         if floor.linears_ms is not None:
             mechanism += (f"; the step's {floor.linear_count} matrix products alone "
                           f"{floor.linears_ms:.1f} ms = {floor.linears_ms / floor.floor_ms:.2f}x")
+    split = step_split if step_split and "step_ms" in step_split else None
+    if split:
+        mechanism += ("; vLLM's torch profiler, ms per decode step: " + ", ".join(
+            f"{part} {split[part]:.1f}" for part in STEP_PARTS if split.get(part)) +
+            f" of {split['step_ms']:.1f}")
     return dict(technique="baseline: decode floor",
                 metric="single-stream TPOT median (ms), memory-bandwidth floor -> measured",
                 baseline=floor.floor_ms, treated=float(alone.median()) if len(alone) else None,
                 article_claim="(none; why the TPOT techniques work: each decode step reads "
                               "every weight once)",
-                mechanism=mechanism, why_missing=floor.why or None, decode_floor=floor.to_json())
+                mechanism=mechanism, why_missing=floor.why or None, decode_floor=floor.to_json(),
+                step_split=step_split)

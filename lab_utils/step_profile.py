@@ -21,8 +21,9 @@ milliseconds per step:
 - other ops: the rest of the step (norms, rotary, activations, copies, sampling).
 
 The profiler adds a few ms per step; the shares, not the absolute times, are
-the finding. `benchmarks/thread_binding.py --profile` runs it for each
-configuration.
+the finding. `00_baseline` runs it on its profiled arm (the profile's own
+flags with the profiler on), `benchmarks/thread_binding.py --profile` for
+each engine configuration it compares.
 """
 from __future__ import annotations
 
@@ -48,6 +49,9 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attention", ("attention", "kv_cache", "reshape_and_cache")),
     ("compiled kernels", ("CompiledFxGraph",)),
 )
+
+#: The parts of a step `decode_breakdown` reports, in its order.
+PARTS = ("matrix products", "attention", "compiled kernels", "other ops", "python in the step")
 
 _UNITS = {"s": 1e3, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
 _TIME = r"([\d.]+)(s|ms|us|ns)"
@@ -131,7 +135,10 @@ def decode_breakdown(rows: Iterable[OpRow], step: str = SINGLE_DECODE_STEP) -> d
                            f"{step!r} step; profile single-request decoding only")
     n = mine[0].calls
     per_step = {"steps": n, "step_ms": mine[0].total_ms / n,
-                "python in the step": mine[0].self_ms / n}
+                "python in the step": mine[0].self_ms / n,
+                # every GEMM call of the profile, prefill steps included
+                "gemm_calls": sum(r.calls for r in rows
+                                  if category(r.name) == "matrix products")}
     spent = {label: 0.0 for label, _ in CATEGORIES}
     spent["other ops"] = 0.0
     for r in rows:
@@ -146,20 +153,36 @@ def decode_breakdown(rows: Iterable[OpRow], step: str = SINGLE_DECODE_STEP) -> d
     return per_step
 
 
+def folder_of(engine) -> Path:
+    """The folder an engine started with `profiler_flags` writes its profile to."""
+    cfg = (getattr(engine, "flags", None) or {}).get(PROFILER_FLAG)
+    if not cfg:
+        raise ProfileError("the engine was started without step_profile.profiler_flags(...)")
+    return Path(cfg["torch_profiler_dir"])
+
+
+def clear(folder: str | Path) -> None:
+    """Remove the tables and traces an earlier profile left in `folder` (vLLM
+    adds a trace per profile), so that `read_table` cannot read a stale one."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in [*folder.glob("*.profiler_out.txt"), *folder.glob("*.pt.trace.json*")]:
+        old.unlink(missing_ok=True)
+
+
 class Profiling:
     """`with Profiling(engine):` records the worker's ops during the block;
     the table is in the engine's profiler folder when the block ends (vLLM
-    writes it on /stop_profile). Raises ProfileError when the engine was not
+    writes it on /stop_profile; what an earlier profile left there is removed
+    first). Raises ProfileError when the engine was not
     started with `profiler_flags` (vLLM answers 404 or 500)."""
 
     def __init__(self, engine):
         self.base_url = engine.base_url.rstrip("/")
-        cfg = (engine.flags or {}).get(PROFILER_FLAG)
-        if not cfg:
-            raise ProfileError("the engine was started without step_profile.profiler_flags(...)")
-        self.folder = Path(cfg["torch_profiler_dir"])
+        self.folder = folder_of(engine)
 
     def __enter__(self) -> Profiling:
+        clear(self.folder)
         status = post_empty(self.base_url + "/start_profile", timeout=300)
         if status != 200:
             raise ProfileError(f"{self.base_url}/start_profile answered HTTP {status}")

@@ -63,3 +63,23 @@ def test_findings_compare_the_extremes_by_hand():
     assert (batching["baseline"], batching["treated"]) == (21.0, 45.0)
     assert (perceived["baseline"], perceived["treated"]) == (0.0, 3.5)
     assert "12 ms + 21.0 ms x n" in perceived["mechanism"]
+
+
+def test_the_profiled_arm_is_planned_on_a_local_cpu_engine_only(cpu, gpu, monkeypatch, tmp_path):
+    from lab_utils.arms import knobs_between
+    from lab_utils.profiles import load_profile
+    from lab_utils.step_profile import PROFILER_FLAG
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
+    arms = baseline.plan(cpu, {"profile_tokens": 64}).arms
+    assert [a.name for a in arms] == ["baseline", "profiled"]
+    # one knob against the baseline: the profiler, writing into the lab's cache
+    assert knobs_between(arms[0], arms[1]) == {PROFILER_FLAG}
+    cfg = arms[1].flags[PROFILER_FLAG]
+    assert cfg["torch_profiler_dir"] == str(tmp_path / "step_profiles" / "00_baseline")
+    assert [a.name for a in baseline.plan(cpu, {"profile_tokens": 0}).arms] == ["baseline"]
+    remote = load_profile("remote", base_url="http://127.0.0.1:9")
+    for target, why in ((gpu, "GPU"), (remote, "remote")):
+        assert [a.name for a in baseline.plan(target, {"profile_tokens": 64}).arms] == ["baseline"]
+        ctx = SimpleNamespace(plan=baseline.plan(target, {"profile_tokens": 64}), profile=target)
+        table, split = baseline.decode_step_split(ctx, 64)
+        assert table is None and why in split["why"]

@@ -191,6 +191,27 @@ def test_00_single_stream_tpot_is_not_below_the_decode_floor(smoke_results):
         assert floor["threads"] == len(parse_id_list(asked))
 
 
+def test_00_the_profiler_counts_every_step_and_each_weight_matrix_once_a_step(smoke_results):
+    # vLLM's torch profiler on the profiled arm: each request of `tokens` answer
+    # tokens takes one prefill step and tokens - 1 single-request decode steps, and
+    # every step multiplies by each weight matrix once: q/k/v, o, gate/up and down
+    # per layer and the LM head, 4 x num_hidden_layers + 1 (the model's config).
+    data = results_of(smoke_results, "00_baseline")
+    found = [f for f in data["findings"] if f["technique"] == "baseline: decode floor"][0]
+    split = found.get("step_split") or {}
+    if data["profile"] != "cpu" or "profiled" in data.get("skipped_arms", {}):
+        assert "why" in split or "profiled" in data.get("skipped_arms", {}), split
+        pytest.skip(f"no profiled arm here: {split.get('why') or data['skipped_arms']['profiled']}")
+    requests, tokens = split["requests"], split["tokens"]
+    assert tokens == smoke_parameters("00_baseline")["profile_tokens"]
+    assert split["steps"] == requests * (tokens - 1)
+    config = json.loads((Path(data["environment"]["model"]) / "config.json").read_text())
+    assert split["gemm_calls"] == (4 * config["num_hidden_layers"] + 1) * requests * tokens
+    parts = ("matrix products", "attention", "compiled kernels", "other ops", "python in the step")
+    assert sum(split[p] for p in parts) == pytest.approx(split["step_ms"])
+    assert split["matrix products"] > 0 and split["python in the step"] > 0
+
+
 def test_01_chunking_keeps_every_prefill_step_within_the_budget(smoke_results):
     data = results_of(smoke_results, "01_chunked_prefill")
     chunked = off = 0

@@ -123,7 +123,8 @@ def test_runall_plan_prints_without_starting_and_fails_on_a_refused_plan(monkeyp
     from lab_utils.server import lab_server_processes
     assert runall.main(["--plan", "--only", "00"]) == 0
     out = capsys.readouterr().out
-    assert "plan of 00_baseline: 1 engine arm(s)" in out and not lab_server_processes(os.getpid())
+    # the profile's own flags, and the same with vLLM's profiler on (profile_tokens > 0)
+    assert "plan of 00_baseline: 2 engine arm(s)" in out and not lab_server_processes(os.getpid())
     from lab_utils.arms import Arm, Plan
     monkeypatch.setattr(baseline, "plan", lambda profile, params: Plan(
         "00_baseline", (Arm("b"), Arm("x", {"max_num_batched_tokenz": 1}, knob="max_num_batched_tokenz"))))

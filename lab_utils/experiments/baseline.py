@@ -11,16 +11,48 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from .. import arms, decode_floor
+from pathlib import Path
+
+from .. import arms, decode_floor, step_profile
 from ..figures.baseline import plot_decode_floor  # noqa: F401  (re-exported for the notebook)
-from ..client import Load
+from ..client import Client, Load
 from ..metrics import records_frame
+from ..paths import cache_dir
 from ..results import Results, measure
 from ..workloads import synthetic_specs, tokenizer_for
 
+#: The profiled arm's name, and where its worker writes vLLM's profile.
+PROFILED = "profiled"
+
+
+def profiler_folder() -> Path:
+    """Where the profiled arm's worker writes its torch profile: in the lab's
+    cache (the same path in every kernel, runner and test of a run, as the
+    plan's engine key needs)."""
+    return cache_dir() / "step_profiles" / "00_baseline"
+
+
+def why_not_profiled(profile) -> str:
+    """Why this target has no profiled arm, or "" where it has one."""
+    if profile.is_remote:
+        return "a remote server: its profiler writes on its own machine"
+    if profile.device != "cpu":
+        return ("a GPU engine: its steps run on the device, and lab_utils.step_profile splits "
+                "a CPU engine's steps only")
+    return ""
+
+
 def plan(profile, params) -> arms.Plan:
-    """One engine: the profile's own flags (every other notebook's baseline)."""
-    return arms.Plan("00_baseline", (arms.Arm("baseline", title="the profile's engine flags"),))
+    """The profile's own flags (every other notebook's baseline) and, on a local
+    CPU engine with `profile_tokens` > 0, the same flags with vLLM's torch
+    profiler on (`lab_utils.step_profile`): where a decode step's time goes."""
+    out = [arms.Arm("baseline", title="the profile's engine flags")]
+    if int(params.get("profile_tokens") or 0) > 0 and not why_not_profiled(profile):
+        out.append(arms.Arm(PROFILED, flags=step_profile.profiler_flags(profiler_folder()),
+                            knob=step_profile.PROFILER_FLAG, reference="baseline",
+                            title="the profile's flags with vLLM's torch profiler on",
+                            optional=True))
+    return arms.Plan("00_baseline", tuple(out))
 
 
 # Every call draws new prompt text, so vLLM's prefix cache (on by default)
@@ -136,12 +168,45 @@ def engine_binding(engine) -> pd.DataFrame:
     return pd.Series({k: str(v) for k, v in rows.items()}, name="value").to_frame()
 
 
-def findings(ttft: pd.DataFrame, tpot: pd.DataFrame, fit: dict, floor=None) -> list[dict]:
+def decode_step_split(ctx, tokens: int, requests: int = 2) -> tuple[pd.DataFrame | None, dict]:
+    """Where a single-request decode step goes on the profiled arm: `requests`
+    requests of 16 prompt tokens and `tokens` answer tokens one at a time, under
+    vLLM's torch profiler (`step_profile.Profiling`). Returns a table (ms per
+    step and share of the step, per part) and the split
+    (`step_profile.decode_breakdown`, with `requests` and `tokens`), or
+    (None, {"why": ...}) where there is no profiled arm or it did not start."""
+    if ctx.plan is None or PROFILED not in [a.name for a in ctx.plan.arms]:
+        why = why_not_profiled(ctx.profile) or "profile_tokens = 0"
+        return None, {"why": why}
+    engine = ctx.arm(PROFILED)
+    if engine is None:  # skipped, with its reason in the results
+        return None, {"why": "the profiled arm did not start (see the skipped arms)"}
+    tok = tokenizer_for(engine)
+    client = Client.for_engine(engine)
+    client.run(synthetic_specs(tok, 1, 16, max_tokens=4, seed=next(_fresh)), progress=False)
+    specs = synthetic_specs(tok, requests, 16, max_tokens=int(tokens), seed=next(_fresh))
+    with step_profile.Profiling(engine):
+        run = client.run(specs, Load.sequential(), progress=False)
+    failed = [r.error for r in run.records if not r.ok]
+    if failed:
+        raise RuntimeError(f"profiled requests failed: {failed[0]}")
+    split = {**step_profile.decode_breakdown(step_profile.read_table(step_profile.folder_of(engine))),
+             "requests": requests, "tokens": int(tokens)}
+    parts = [*step_profile.PARTS]
+    table = pd.DataFrame({"ms per step": [split[p] for p in parts]}, index=pd.Index(parts, name="part"))
+    table["share of the step"] = table["ms per step"] / split["step_ms"]
+    table.loc["the step (vLLM's step timer under the profiler)"] = [split["step_ms"], 1.0]
+    return table.round({"ms per step": 2, "share of the step": 3}), split
+
+
+def findings(ttft: pd.DataFrame, tpot: pd.DataFrame, fit: dict, floor=None,
+             step_split: dict | None = None) -> list[dict]:
     """The notebook's findings (`Results.add_findings`): TTFT median from the
     shortest to the longest prompt (`ttft_vs_prompt_length` rows), TPOT median
     from the lowest to the highest concurrency (`tpot_vs_output_and_concurrency`
     rows), how far E2E is from TTFT + n x TPOT (`perceived_latency_fit`), and
-    single-stream TPOT against the decode floor (`decode_floor.measure`, if given)."""
+    single-stream TPOT against the decode floor (`decode_floor.measure`, if given;
+    with the profiled arm's `step_split`, what the step is made of)."""
     by_len = ttft.groupby("prompt_len").ttft_ms.median()
     lo, hi = by_len.index.min(), by_len.index.max()
     by_c = tpot.groupby("concurrency").tpot_ms.median()
@@ -164,5 +229,5 @@ def findings(ttft: pd.DataFrame, tpot: pd.DataFrame, fit: dict, floor=None) -> l
              article_claim="perceived latency = TTFT + output tokens x TPOT",
              mechanism=f"least-squares E2E = {fit['fit_intercept_ms']:.0f} ms + "
                        f"{fit['fit_slope_ms_per_token']:.1f} ms x n (R² {fit['r2']:.3f})"),
-    ] + ([decode_floor.finding(floor, tpot)] if floor is not None else [])
+    ] + ([decode_floor.finding(floor, tpot, step_split)] if floor is not None else [])
 
