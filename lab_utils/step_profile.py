@@ -45,7 +45,9 @@ SINGLE_DECODE_STEP = "execute_context_0(0)_generation_1(1)"
 #: ops and torch's own GEMMs.
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("matrix products", ("onednn_mm", "onednn_scaled_mm", "int8_scaled_mm", "cpu_gemm",
-                         "aten::mm", "aten::addmm", "aten::linear", "aten::bmm")),
+                         # not aten::linear / aten::matmul: wrappers whose GEMM is one of
+                         # these, counted once (a torch-linear fallback, e.g. bf16 on AVX2)
+                         "aten::mm", "aten::addmm", "aten::bmm")),
     ("attention", ("attention", "kv_cache", "reshape_and_cache")),
     ("compiled kernels", ("CompiledFxGraph",)),
 )

@@ -56,6 +56,7 @@ def test_categories():
     assert cat("vllm::unified_kv_cache_update") == "attention"
     assert cat("## Call CompiledFxGraph fx2izik...") == "compiled kernels"
     assert cat("aten::silu") == "other ops"
+    assert cat("aten::linear") == "other ops"  # a wrapper: its aten::addmm is the GEMM
 
 
 def test_decode_breakdown_by_hand():
