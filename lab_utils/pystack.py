@@ -110,7 +110,8 @@ def worker_main(*args: Any, **kwargs: Any) -> Any:
 
 def _patch(cls: type, name: str, replacement: Callable[..., Any]) -> None:
     if name not in _ORIGINALS:
-        _ORIGINALS[name] = cls.__dict__[name].__func__
+        found = cls.__dict__[name]   # vLLM 0.32: a staticmethod
+        _ORIGINALS[name] = getattr(found, "__func__", found)
     setattr(cls, name, staticmethod(replacement))
 
 
