@@ -10,7 +10,7 @@ OpenMP thread waits, spinning, for the next parallel region; in a virtual
 machine that interrupt exits to the hypervisor.
 
 `in_room(fn, *args, **kwargs)` calls `fn` from a frame that opens a chunk of
-its own with ~136 KiB free above it, so every call below stays in that chunk
+its own with ~135 KiB free above it, so every call below stays in that chunk
 (a decode step's Python is far shallower). `install()` makes vLLM's engine-core
 loop and worker loop run that way; `lab_utils.vllm_cli serve` calls it where
 the profile asks for it (`[cpu_binding] stack_room`, STACK_ROOM_ENV). Measured
@@ -71,17 +71,23 @@ def in_room(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 _ORIGINALS: dict[str, Callable[..., Any]] = {}
 
+#: The vLLM loops `install` routes through this module: name -> (module, class).
+_LOOPS = {"run_engine_core": ("vllm.v1.engine.core", "EngineCoreProc"),
+          "worker_main": ("vllm.v1.executor.multiproc_executor", "WorkerProc")}
+
+
+def _owner(name: str) -> type:
+    import importlib
+    module, cls = _LOOPS[name]
+    return getattr(importlib.import_module(module), cls)
+
 
 def _original(name: str) -> Callable[..., Any]:
     # In a spawned process this module is imported afresh and vLLM's classes are
     # unpatched; in a forked one the parent's originals are here.
     if name in _ORIGINALS:
         return _ORIGINALS[name]
-    if name == "run_engine_core":
-        from vllm.v1.engine.core import EngineCoreProc
-        return EngineCoreProc.run_engine_core
-    from vllm.v1.executor.multiproc_executor import WorkerProc
-    return WorkerProc.worker_main
+    return getattr(_owner(name), name)
 
 
 #: What each process in room writes to the engine's log, e.g.
@@ -108,7 +114,8 @@ def worker_main(*args: Any, **kwargs: Any) -> Any:
     return in_room(_original("worker_main"), *args, **kwargs)
 
 
-def _patch(cls: type, name: str, replacement: Callable[..., Any]) -> None:
+def _patch(name: str, replacement: Callable[..., Any]) -> None:
+    cls = _owner(name)
     if name not in _ORIGINALS:
         found = cls.__dict__[name]   # vLLM 0.32: a staticmethod
         _ORIGINALS[name] = getattr(found, "__func__", found)
@@ -116,14 +123,12 @@ def _patch(cls: type, name: str, replacement: Callable[..., Any]) -> None:
 
 
 def _patch_worker() -> None:
-    from vllm.v1.executor.multiproc_executor import WorkerProc
-    _patch(WorkerProc, "worker_main", worker_main)
+    _patch("worker_main", worker_main)
 
 
 def install() -> None:
     """Start vLLM's engine-core processes (and so their workers) through
     `run_engine_core`. Both are module-level functions: a spawned process finds
     them by name, as it finds vLLM's own."""
-    from vllm.v1.engine.core import EngineCoreProc
-    _patch(EngineCoreProc, "run_engine_core", run_engine_core)
+    _patch("run_engine_core", run_engine_core)
     _patch_worker()
