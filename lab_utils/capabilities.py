@@ -116,10 +116,19 @@ def candidate(name: str) -> Candidate:
 # The cache
 # --------------------------------------------------------------------------
 
-def cache_path(fingerprint: str | None = None) -> Path:
-    """`<cache>/capabilities/<machine fingerprint>.json`."""
+def compiled(profile: Profile | None) -> bool:
+    """Whether `profile`'s engines compile their model (no `enforce_eager`)."""
+    return profile is not None and not profile.engine.get("enforce_eager", False)
+
+
+def cache_path(fingerprint: str | None = None, profile: Profile | None = None) -> Path:
+    """`<cache>/capabilities/<machine fingerprint>.json`, `...-compiled.json` for
+    a profile whose engines compile: what runs right can differ between the two
+    (on a CPU without AVX512-BF16, bfloat16 gave garbage text compiled and ran
+    right eager), so each is probed."""
     from .machine import fingerprint as machine_fingerprint
-    return cache_dir() / "capabilities" / f"{fingerprint or machine_fingerprint()}.json"
+    suffix = "-compiled" if compiled(profile) else ""
+    return cache_dir() / "capabilities" / f"{fingerprint or machine_fingerprint()}{suffix}.json"
 
 
 def load_cache(path: Path) -> dict[str, dict]:
@@ -378,7 +387,7 @@ def probe(profile: Profile | str = "cpu", names: Sequence[str] | None = None, *,
                                  "reason": f"the probe runs on the cpu profile; profile "
                                            f"{profile.name!r} runs on {profile.device}"}
                              for n in names}, profile.device)
-    path = cache_path()
+    path = cache_path(profile=profile)
     todo = [n for n in names if refresh or _stale(load_cache(path).get(n))]
     if todo:
         from tqdm.auto import tqdm
@@ -418,13 +427,18 @@ def candidate_for(model: str | None, dtype: str, flags: Mapping[str, Any]) -> st
 def arm_why_not(profile: Profile, role: str | None, flags: Mapping[str, Any]) -> str:
     """"" unless an engine of model `role` with `flags` needs a candidate the
     probe found not running on this machine (then the probe's reason, probed
-    now if not cached). Only a role other than the main model is checked: the
-    main model in the profile's dtype is what every notebook starts."""
-    if role is None or role not in profile.models or profile.is_remote \
+    now if not cached). The main model is checked in another dtype only (e.g.
+    bfloat16, which gave garbage text compiled on a CPU without AVX512-BF16):
+    in the profile's own it is what every notebook starts, and arms that
+    quantize it online name their own candidate (05's `probe`)."""
+    if (role is not None and role not in profile.models) or profile.is_remote \
             or profile.device != "cpu":
         return ""
-    dtype = str(flags.get("dtype", profile.engine.get("dtype", "float32")))
-    return why_not(profile, candidate_for(profile.models[role], dtype, flags))
+    own = str(profile.engine.get("dtype", "float32"))
+    dtype = str(flags.get("dtype", own))
+    if role is None and (dtype == own or flags.get("quantization")):
+        return ""
+    return why_not(profile, candidate_for(profile.models[role] if role else None, dtype, flags))
 
 
 def _stale(row: Mapping[str, Any] | None) -> bool:
@@ -480,7 +494,7 @@ def support_table(arms: Mapping[str, tuple[str, str | None]],
                                    "picks")
         return frame
     if caps is None:
-        caps = Capabilities(load_cache(cache_path()))
+        caps = Capabilities(load_cache(cache_path(profile=profile)))
     rows = [{"arm": name, "title": title, "candidate": cand or "",
              "on this machine": caps.describe(cand) if cand else
              "(no probe candidate: the lab's flag checks decide)"}
@@ -501,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"machine: {caps.machine}\ncache: {cache_path()}\n")
+    print(f"machine: {caps.machine}\ncache: {cache_path(profile=load_profile(args.profile))}\n")
     table = caps.table(args.names or None)[["status", "ttft_ms", "tpot_ms", "here"]]
     print(table.to_string(float_format=lambda v: f"{v:.1f}", max_colwidth=110))
     return 0

@@ -306,9 +306,6 @@ def _device_rules(device: str, items: Mapping[str, Any]) -> list[str]:
         if quant in ("int8_per_channel_weight_only", "fp8_per_channel") and dtype != "bfloat16":
             problems.append(f"quantization={quant!r} on the CPU needs dtype='bfloat16' "
                             f"(got {dtype!r}): add dtype='bfloat16' to this arm")
-        if dtype in ("bfloat16", "half", "float16") and not items.get("enforce_eager", False):
-            problems.append(f"dtype={dtype!r} without enforce_eager produced garbage text with "
-                            "torch.compile on this CPU build: set enforce_eager=True")
         if "gpu_memory_utilization" in items:
             problems.append("gpu_memory_utilization does not size the KV cache on the CPU: "
                             "set VLLM_CPU_KVCACHE_SPACE (GiB) in the profile's [env] instead")

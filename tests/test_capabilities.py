@@ -2,6 +2,7 @@
 (engine tests) what it finds on this machine against the CPU's own flags."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -118,6 +119,34 @@ def test_an_arm_of_a_model_the_probe_found_failing_is_not_started(cpu, monkeypat
     assert "expect A to be bfloat16" in cap.arm_why_not(cpu, "small", {})
     assert cap.arm_why_not(cpu, "small", {"dtype": "bfloat16"}) == ""
     assert cap.arm_why_not(cpu, None, {}) == ""        # the main model: not checked
+
+
+def test_the_main_model_in_another_dtype_is_checked_by_the_probe(cpu, monkeypatch):
+    # bfloat16 compiled gave garbage text on a CPU without AVX512-BF16: the probe's
+    # numerics check decides per machine, where a fixed rule refused it everywhere
+    garbage = {"bfloat16": {"status": "wrong answer", "reason": "answered 'zz'; its top-1 "
+                            "agreement 0.31", "top1_agreement": 0.31}}
+    monkeypatch.setattr(cap, "probe", lambda *a, **k: cap.Capabilities(garbage))
+    compiled = dataclasses.replace(cpu, engine={**cpu.engine, "enforce_eager": False})
+    assert "agreement 0.31" in cap.arm_why_not(compiled, None, {"dtype": "bfloat16"})
+    assert cap.arm_why_not(compiled, None, {"dtype": "float32"}) == ""
+    check_device_rules(compiled, flag_items(compiled, {"dtype": "bfloat16"}))  # no fixed refusal
+
+
+def test_eager_and_compiled_profiles_keep_their_probes_apart(cpu, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
+    compiled = dataclasses.replace(cpu, engine={**cpu.engine, "enforce_eager": False})
+    assert cpu.engine["enforce_eager"] is True
+    assert cap.cache_path(profile=cpu) == cap.cache_path()
+    assert cap.cache_path(profile=compiled).name == cap.cache_path().stem + "-compiled.json"
+    cap.save_cache(cap.cache_path(profile=cpu), {"bfloat16": {"status": "ok", "tpot_ms": 1.0,
+                                                              "top1_agreement": 0.99}})
+    calls = []
+    monkeypatch.setattr(cap, "probe_one", lambda profile, c, log_dir: calls.append(
+        profile.engine["enforce_eager"]) or {"status": "fails", "reason": "x"})
+    assert not cap.probe(compiled, ["bfloat16"], progress=False).ok("bfloat16")
+    assert calls == [False]                             # probed compiled, not read from eager
+    assert cap.probe(cpu, ["bfloat16"], progress=False).ok("bfloat16") and calls == [False]
 
 
 def test_default_cpu_arms_come_from_the_probe():

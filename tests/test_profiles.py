@@ -283,11 +283,6 @@ def test_cpu_int8_weight_only_needs_bfloat16(cpu):
                                              "dtype": "bfloat16"}))
 
 
-def test_cpu_bf16_needs_enforce_eager(cpu):
-    msg = _device_error(cpu, dtype="bfloat16", enforce_eager=False)
-    assert "enforce_eager=True" in msg
-
-
 def test_cpu_rejects_gpu_memory_utilization(cpu):
     msg = _device_error(cpu, gpu_memory_utilization=0.5)
     assert "VLLM_CPU_KVCACHE_SPACE" in msg
