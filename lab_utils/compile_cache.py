@@ -34,7 +34,10 @@ Measured in `profiles/cpu.toml` and `benchmarks/thread_binding.py`.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -80,18 +83,18 @@ def fix_aot_load() -> bool:
 _ORIGINAL: dict[str, Callable[..., Any]] = {}
 
 
-def share_inductor_cache(directory: str | None = None) -> bool:
+def share_inductor_cache(directory: str | None = None, decorators: Any = None) -> bool:
     """Make vLLM's AOT compilation use one Inductor cache, `directory` (default:
     TORCHINDUCTOR_CACHE_DIR as this process started), for every config (item 2
     above). vLLM sets the variable to the config's own folder right before it
     tries to load the AOT file; the lab sets it back there, so loading and
-    compiling both use the shared one. True if installed now."""
+    compiling both use the shared one. `decorators`: vLLM's module
+    `vllm.compilation.decorators` (imported if not given). True if installed now."""
     directory = directory or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not directory:
+    if not directory or "load" in _ORIGINAL:
         return False
-    from vllm.compilation import decorators
-    if "load" in _ORIGINAL:
-        return False
+    if decorators is None:
+        from vllm.compilation import decorators
     original = decorators._try_load_aot_compiled_fn
     _ORIGINAL["load"] = original
 
@@ -103,7 +106,41 @@ def share_inductor_cache(directory: str | None = None) -> bool:
     return True
 
 
+#: The module `share_inductor_cache` patches: imported only by a process that
+#: loads a model (the worker), ~2 s of imports that an API server is spared.
+DECORATORS = "vllm.compilation.decorators"
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `then(module)` once, right after `name` is first imported."""
+
+    def __init__(self, name: str, then: Callable[[Any], Any]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+        then = self.then
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            then(module)
+
+        spec.loader.exec_module = exec_module   # this module's own loader instance
+        return spec
+
+
 def install() -> None:
-    """Both fixes, in this process (idempotent)."""
+    """Both fixes, in this process (idempotent): the first now, the second when
+    vLLM's compile decorators are imported (at once if they are already)."""
     fix_aot_load()
-    share_inductor_cache()
+    if DECORATORS in sys.modules:
+        share_inductor_cache(decorators=sys.modules[DECORATORS])
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(
+            DECORATORS, lambda module: share_inductor_cache(decorators=module)))

@@ -6,12 +6,17 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 import lab_utils as lab
 from lab_utils import compile_cache
 from lab_utils.compile_cache import COMPILE_CACHE_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_local_engines_keep_their_compile_caches_under_the_labs_cache(cpu, tmp_path, monkeypatch):
@@ -81,6 +86,32 @@ def test_every_config_loads_and_compiles_with_the_shared_inductor_cache(tmp_path
     source = inspect.getsource(decorators)
     assert source.index('os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache') < source.index(
         "loaded_fn = _try_load_aot_compiled_fn(self, aot_compilation_path)")
+
+
+def test_the_launcher_patches_vllms_loader_only_once_a_process_imports_it(tmp_path):
+    # An API server never imports vLLM's compile decorators (~2 s); the worker that
+    # loads the model does, and finds the loader patched then. Run as
+    # `lab_utils.vllm_cli` runs in `serve` and in each process it spawns.
+    code = (
+        "import sys, runpy\n"
+        "sys.argv = ['vllm_cli']\n"
+        "runpy.run_module('lab_utils.vllm_cli', run_name='__mp_main__')\n"
+        "print('before', 'vllm.compilation.decorators' in sys.modules)\n"
+        "from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as B\n"
+        "print('finalize', 'finalize_loading' in B.__dict__)\n"
+        "from vllm.compilation import decorators\n"
+        "print('patched', decorators._try_load_aot_compiled_fn.__module__)\n")
+    env = {**os.environ, COMPILE_CACHE_ENV: "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:3] == ["before False", "finalize True",
+                                          "patched lab_utils.compile_cache"], out.stdout
+    # without the variable (e.g. `vllm_cli bench serve`) nothing is patched
+    env.pop(COMPILE_CACHE_ENV)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert "patched vllm.compilation.decorators" in out.stdout, out.stdout + out.stderr[-2000:]
 
 
 @pytest.mark.engine
