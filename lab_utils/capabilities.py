@@ -438,6 +438,9 @@ def arm_why_not(profile: Profile, role: str | None, flags: Mapping[str, Any]) ->
     dtype = str(flags.get("dtype", own))
     if role is None and (dtype == own or flags.get("quantization")):
         return ""
+    if "enforce_eager" in flags:   # probed the way the arm runs: eager or compiled
+        profile = dataclasses.replace(
+            profile, engine={**profile.engine, "enforce_eager": bool(flags["enforce_eager"])})
     return why_not(profile, candidate_for(profile.models[role] if role else None, dtype, flags))
 
 

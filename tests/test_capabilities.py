@@ -130,6 +130,14 @@ def test_the_main_model_in_another_dtype_is_checked_by_the_probe(cpu, monkeypatc
     compiled = dataclasses.replace(cpu, engine={**cpu.engine, "enforce_eager": False})
     assert "agreement 0.31" in cap.arm_why_not(compiled, None, {"dtype": "bfloat16"})
     assert cap.arm_why_not(compiled, None, {"dtype": "float32"}) == ""
+    # an arm that compiles on an eager profile is probed compiled, and the other way round
+    asked = []
+    monkeypatch.setattr(cap, "probe", lambda p, names, **k: asked.append(
+        p.engine["enforce_eager"]) or cap.Capabilities(garbage))
+    cap.arm_why_not(cpu, None, {"dtype": "bfloat16", "enforce_eager": False})
+    cap.arm_why_not(compiled, None, {"dtype": "bfloat16", "enforce_eager": True})
+    cap.arm_why_not(cpu, None, {"dtype": "bfloat16"})
+    assert asked == [False, True, True]
     check_device_rules(compiled, flag_items(compiled, {"dtype": "bfloat16"}))  # no fixed refusal
 
 
