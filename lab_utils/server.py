@@ -15,6 +15,8 @@ import ctypes
 import hashlib
 import json
 import os
+import random
+import re
 import signal
 import socket
 import subprocess
@@ -85,7 +87,34 @@ def orphan_servers() -> list[tuple[int, str]]:
     return out
 
 
+#: The lowest port `free_port` picks (below the kernel's ephemeral range).
+PICK_LOW = 20000
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's ephemeral port range (`ip_local_port_range`): where bind()
+    to port 0 and an outgoing connection's source port come from."""
+    try:
+        low, high = map(int, _EPHEMERAL.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, for a server that binds it seconds later (vLLM, after
+    its imports). Picked at random below the ephemeral range, each pick
+    checked by a bind, so that no outgoing connection takes it as its source
+    port meanwhile (make test's other stream did); a port the kernel gives
+    bind(0) when that range leaves under 1,000 ports below it."""
+    low, _ = ephemeral_ports()
+    if low - PICK_LOW >= 1000:
+        pick = random.SystemRandom()
+        for _ in range(64):
+            port = pick.randrange(PICK_LOW, low)
+            if not port_in_use(port, host):
+                return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -102,7 +131,12 @@ AHEAD_MIN_FREE = 0.4
 
 
 class PortInUse(ConfigError):
-    """The server's port was taken before it started."""
+    """The server's port was taken before it started, or before it bound it."""
+
+
+#: How a server's log says its port was taken: Python's OSError (vLLM binds its
+#: socket in `create_server_socket` after its imports), Rust's (vllm-router).
+PORT_TAKEN = re.compile(r"\[Errno 98\]|[Aa]ddress already in use|os error 98")
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
@@ -209,9 +243,12 @@ class VLLMServer(ServerView):
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServerError(f"{self.what} exited with code {self.proc.returncode} while "
-                                  f"starting.\ncommand: {self.command}\nlog: {self.log_path}\n"
-                                  f"--- last lines ---\n{self.log_tail()}")
+                exited = (f"{self.what} exited with code {self.proc.returncode} while "
+                          f"starting.\ncommand: {self.command}\nlog: {self.log_path}\n"
+                          f"--- last lines ---\n{self.log_tail()}")
+                if self._lost_its_port():
+                    raise PortInUse(f"port {self.port} was taken after the launch: {exited}")
+                raise ServerError(exited)
             with contextlib.suppress(OSError, ValueError):  # URLError is an OSError
                 if self._healthy():
                     return
@@ -219,6 +256,17 @@ class VLLMServer(ServerView):
         raise ServerError(f"{self.what} was not healthy after {self.startup_timeout_s:.0f} s.\n"
                           f"command: {self.command}\nlog: {self.log_path}\n"
                           f"--- last lines ---\n{self.log_tail()}")
+
+    def _lost_its_port(self) -> bool:
+        """Whether the latest start's log ends in a failed bind of its port
+        (`PORT_TAKEN`): another process took the port between the launch's
+        check and the server's own bind, seconds of imports later."""
+        from .vllm_logs import latest_start
+        try:
+            text = latest_start(self.log_path.read_text(errors="replace"))
+        except OSError:
+            return False
+        return bool(PORT_TAKEN.search("\n".join(text.splitlines()[-40:])))
 
     def stop(self, timeout_s: float = 30) -> None:
         """SIGTERM the whole process group, SIGKILL what is left after `timeout_s`."""
@@ -351,7 +399,8 @@ def _server_model_name(base_url: str, api_key: str | None) -> str:
 def start_on_a_free_port(server_on: Callable[[int], VLLMServer], port: int,
                          start: Callable[[VLLMServer], Any] | None = None) -> VLLMServer:
     """Start `server_on(port)`; when that port was taken since it was picked
-    (PortInUse), another free one, `PORT_ATTEMPTS` tries in all. A port is
+    (PortInUse: at the launch, or before the server bound it), another free
+    one, `PORT_ATTEMPTS` tries in all. A port is
     picked before the flags are checked (the first check reads vLLM's options
     in a subprocess, seconds) and a run's broker may stop idle engines before
     it starts one: another process may take the port meanwhile (make test's
@@ -560,8 +609,15 @@ class EnginePool:
             return VLLMServer(argv, port=port, log_path=log_path, env=p.server_env(env, flags),
                               startup_timeout_s=p.startup_timeout_s,
                               served_model_name=p.served_model_name)
-        server = start_on_a_free_port(server_on, free_port(), start=lambda s: s.launch())
-        return _Pending(lambda: engine(server.wait_ready()), server.stop)
+        launched = [start_on_a_free_port(server_on, free_port(), start=lambda s: s.launch())]
+
+        def ready() -> VLLMServer:
+            try:
+                return launched[0].wait_ready()
+            except PortInUse:  # taken after the launch, before vLLM bound it: again elsewhere
+                launched[0] = start_on_a_free_port(server_on, free_port())
+                return launched[0]
+        return _Pending(lambda: engine(ready()), lambda: launched[0].stop())
 
     def starts_side_by_side(self) -> bool:
         """Whether this pool may start an engine ahead of its turn, beside the

@@ -45,6 +45,7 @@ process is killed, the streams get SIGTERM.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,6 +59,7 @@ sys.path.insert(0, str(REPO))
 from lab_utils.cpu_tuning import core_shares, parse_cpu_list  # noqa: E402
 from lab_utils.paths import NOTEBOOKS_DIR, notebooks  # noqa: E402
 from lab_utils.server import die_with_parent  # noqa: E402
+from lab_utils.vllm_logs import root_cause, strip_ansi  # noqa: E402
 
 #: Notebooks run in the `tests` stream, and test files run in the `notebooks`
 #: stream after its notebooks, so that both streams end near the same time. With
@@ -120,11 +122,53 @@ def exit_status(codes: list[int]) -> int:
     return NO_TESTS if codes and all(c == NO_TESTS for c in codes) else 0
 
 
-def _pump(name: str, proc: subprocess.Popen, lock: threading.Lock) -> None:
+def _pump(name: str, proc: subprocess.Popen, lock: threading.Lock,
+          kept: list[str] | None = None) -> None:
     for line in proc.stdout:
         with lock:
             sys.stdout.write(f"[{name}] {line}")
             sys.stdout.flush()
+        if kept is not None:
+            kept.append(line)
+
+
+_TITLE = re.compile(r"^_{3,} (.+?) _{3,}$")
+_RAISED = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Skipped|Interrupt|Timeout)\w*)"
+                     r"(?::\s*(.*))?$")
+#: Lines of a stream's first failure printed at the very end (`first_failure`).
+DIGEST_LINES, DIGEST_WIDTH = 6, 300
+
+
+def first_failure(lines: list[str]) -> list[str]:
+    """The first failure in a pytest session's output, in a few lines: its
+    title (a test, or a notebook's cell under nbval), the exception it ended
+    in (pytest's `E` lines, or the traceback's last exception line and the
+    lines of its message), and the root cause in the server log tail a
+    ServerError carries. The run's summary ends with it, so that the end of
+    CI's output names what broke first, not the cells that failed after it
+    (an nbval cell using a name the failed one never defined)."""
+    text = [strip_ansi(line).rstrip("\n") for line in lines]
+    start = next((i for i, line in enumerate(text) if re.match(r"^=+ FAILURES =+$", line)), None)
+    if start is None:
+        return []
+    titles = [i for i in range(start + 1, len(text)) if _TITLE.match(text[i])]
+    if not titles:
+        return []
+    first = titles[0]
+    end = next((i for i in titles[1:]), None) or next(
+        (i for i in range(first + 1, len(text)) if re.match(r"^=+ .* =+$", text[i])), len(text))
+    block = text[first + 1:end]
+    out = [_TITLE.match(text[first]).group(1)]
+    said = [line for line in block if line.startswith("E ")]
+    if not said:  # a notebook cell's traceback: its last exception line and what follows it
+        at = max((i for i, line in enumerate(block) if _RAISED.match(line)), default=None)
+        if at is not None:
+            said = [line for line in block[at:] if line.strip()]
+    out += [f"  {line.strip()}" for line in said[:DIGEST_LINES - 2]]
+    cause = root_cause("\n".join(block[block.index(said[0]) + 1:] if said else block))
+    if cause and not any(cause in line for line in out):
+        out.append(f"  root cause in its log: {cause}")
+    return [line[:DIGEST_WIDTH] for line in out]
 
 
 def main(args: list[str], plan: dict[str, list[str]] | None = None,
@@ -160,6 +204,7 @@ def _run(plan: dict[str, list[str]], shares: list[list[int] | None],
     waited for)."""
     lock = threading.Lock()
     procs: dict[str, subprocess.Popen] = {}
+    outputs: dict[str, list[str]] = {}
     on_cpus: dict[str, list[int] | None] = {}
     pumps = []
     ended: dict[str, float] = {}
@@ -173,7 +218,9 @@ def _run(plan: dict[str, list[str]], shares: list[list[int] | None],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
             env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_start_in(cpus))
         on_cpus[name] = cpus
-        pumps.append(threading.Thread(target=_pump, args=(name, procs[name], lock), daemon=True))
+        outputs[name] = []
+        pumps.append(threading.Thread(target=_pump, args=(name, procs[name], lock, outputs[name]),
+                                      daemon=True))
         pumps[-1].start()
 
     try:
@@ -208,6 +255,10 @@ def _run(plan: dict[str, list[str]], shares: list[list[int] | None],
     for name, proc in procs.items():
         print(f"stream {name}: exit status {proc.returncode}, ended {ended[name]:.0f} s "
               "after the start", flush=True)
+    for name, proc in procs.items():  # last, where the end of CI's output shows it
+        digest = first_failure(outputs[name]) if proc.returncode not in (0, NO_TESTS) else []
+        if digest:
+            print(f"first failure in stream {name}: " + "\n".join(digest), flush=True)
     return [proc.returncode for proc in procs.values()]
 
 

@@ -76,6 +76,39 @@ def test_the_driver_shows_both_streams_and_fails_when_one_fails(tmp_path, capfd)
     assert "[last] 1 passed" in out, "the phase after the streams did not run"
 
 
+def test_the_run_ends_with_each_failing_streams_first_failure_not_its_later_ones(tmp_path,
+                                                                               capfd):
+    """nbval's own report of a notebook whose engine did not start, then a
+    cell that used what the failed one never defined: the last lines name the
+    first (its exception and the root cause in the log tail), as a plain
+    test's `E` lines. CI shows only the end of the output."""
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"),
+                nbformat.v4.new_code_cell(
+                    "class ServerError(RuntimeError):\n    pass\n"
+                    "raise ServerError('vLLM exited with code 1 while starting.\\n"
+                    "command: vllm serve m\\nlog: /tmp/m.log\\n--- last lines ---\\n"
+                    "(EngineCore pid=7) ERROR 12-05 10:00:00 [core.py:9] "
+                    "ValueError: no room for the KV cache')"),
+                nbformat.v4.new_code_cell("runs")]
+    nbformat.write(nb, tmp_path / "broken.ipynb")
+    (tmp_path / "test_bad.py").write_text("def test_no():\n    assert 1 == 2\n")
+    plan = {"nb": [str(tmp_path / "broken.ipynb")], "py": [str(tmp_path / "test_bad.py")]}
+    status = streams.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                           "--nbval-lax", "--nbval-current-env"], plan=plan, then={})
+    out = capfd.readouterr().out
+    assert status == 1
+    tail = out[out.index("stream nb: exit status"):]
+    nb_digest = tail[tail.index("first failure in stream nb:"):tail.index("first failure in stream py:")]
+    assert "broken.ipynb::Cell 1" in nb_digest, tail
+    assert "ServerError: vLLM exited with code 1 while starting." in nb_digest, tail
+    assert "root cause in its log: ValueError: no room for the KV cache" in nb_digest, tail
+    assert "NameError" not in nb_digest, tail
+    py_digest = tail[tail.index("first failure in stream py:"):]
+    assert "test_no" in py_digest and "assert 1 == 2" in py_digest, tail
+
+
 def test_cpu_shares(monkeypatch):
     monkeypatch.delenv("LAB_TEST_PIN", raising=False)
     assert streams.cpu_shares(2, [1, 0]) == [[0], [1]]

@@ -45,6 +45,7 @@ from ..metrics import percentile_stats, records_frame
 from ..profiles import ConfigError, Profile
 from ..results import Results
 from ..router import RouterServer
+from ..server import free_port, start_on_a_free_port
 from ..workloads import chat, chat_questions, exact_text, tokenizer_for, warm_up
 
 CLAIM = ("beyond the article (one server): past one engine, the router decides the "
@@ -224,10 +225,11 @@ def run_policy(engines: Sequence[Any], names: Sequence[str], work: Workload, pol
     label = label or policy
     specs = [dataclasses.replace(s, extra={**s.extra, "cache_salt": label}) for s in work.specs]
     before = [scrape(e.base_url, e.api_key) for e in engines]
-    router = RouterServer([e.base_url for e in engines], policy,
-                          log_path=log_dir / f"router-{label.replace(' ', '_')}.log",
-                          options=router_options)
-    with router:
+    def router_on(port: int) -> RouterServer:
+        return RouterServer([e.base_url for e in engines], policy, port=port,
+                            log_path=log_dir / f"router-{label.replace(' ', '_')}.log",
+                            options=router_options)
+    with start_on_a_free_port(router_on, free_port()) as router:
         jsonl = results.records_path(label) if results else None
         if jsonl is not None and jsonl.exists():
             jsonl.unlink()
