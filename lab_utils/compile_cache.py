@@ -49,6 +49,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Callable
 
 #: Set to "1" by the lab's launcher for `vllm serve` and inherited by every
@@ -60,6 +61,34 @@ NO_AOT = {"VLLM_USE_AOT_COMPILE": "0"}
 #: Where vLLM and Inductor keep compiled models, under the lab's cache.
 VLLM_CACHE = "vllm"
 INDUCTOR_CACHE = "torchinductor"
+
+
+def torch_default_inductor_dir() -> str:
+    """Inductor's default cache folder, as torch 2.13 computes it
+    (`torch._inductor.runtime.cache_dir_utils.default_cache_dir`, outside
+    fbcode), without importing torch."""
+    import getpass
+    import re
+    import tempfile
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(),
+                        "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+def users_own(var: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process's environment sets `var` on its own, so that a
+    lab engine keeps it. TORCHINDUCTOR_CACHE_DIR at torch's default is torch's
+    doing, not a user's: Inductor's `cache_dir()` writes it into os.environ, and
+    `import vllm` calls it (then every engine this process started would
+    compile into /tmp, and differ from its plan)."""
+    environ = os.environ if environ is None else environ
+    if var not in environ:
+        return False
+    return not (var == "TORCHINDUCTOR_CACHE_DIR"
+                and os.path.abspath(environ[var]) == torch_default_inductor_dir())
 
 
 def cache_env(base: Path | None = None) -> dict[str, str]:

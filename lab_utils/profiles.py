@@ -72,7 +72,7 @@ class Profile:
                    flags: Mapping[str, Any] | None = None) -> dict[str, str]:
         """The environment a local server of this profile starts with: on the
         CPU the compile caches under the lab's cache (`compile_cache.cache_env`,
-        unless this process's environment sets them), the `cpu_binding`
+        unless this process's environment sets them: `compile_cache.users_own`), the `cpu_binding`
         variables, `LAB_CPU_ISA`'s (`cpu_tuning.isa_env`), then the profile's [env], then `extra` (a per-engine override such as
         VLLM_CPU_OMP_THREADS_BIND wins); with `cpu_binding.in_process` (true, or
         "one-core" where this process may use one CPU: `cpu_tuning.wants_in_process`)
@@ -81,8 +81,8 @@ class Profile:
         (`cpu_tuning.in_process_env`)."""
         env: dict[str, str] = {}
         if self.device == "cpu" and not self.is_remote:
-            from .compile_cache import cache_env  # compiled starts reuse earlier compiles
-            env.update({k: v for k, v in cache_env().items() if k not in os.environ})
+            from .compile_cache import cache_env, users_own  # compiled starts reuse earlier compiles
+            env.update({k: v for k, v in cache_env().items() if not users_own(k)})
         if self.cpu_binding:
             from .cpu_tuning import profile_binding_env
             env.update(profile_binding_env(self.cpu_binding))

@@ -37,6 +37,30 @@ def test_local_engines_keep_their_compile_caches_under_the_labs_cache(cpu, tmp_p
         gpu.server_env())
 
 
+def test_the_folder_torch_writes_into_the_environment_is_torchs_default():
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    assert compile_cache.torch_default_inductor_dir() == default_cache_dir()
+
+
+@pytest.mark.parametrize("own", ["", "/somewhere/inductor"])
+def test_after_import_vllm_engines_still_compile_into_the_labs_cache(tmp_path, own):
+    """`import vllm` sets TORCHINDUCTOR_CACHE_DIR to torch's default in
+    os.environ (Inductor's `cache_dir()`): a process that imported it, e.g. a
+    kernel or make test's pytest, must not take that for a user's choice. A
+    user's own folder still wins."""
+    code = ("import os, vllm, lab_utils as lab\n"
+            "assert 'TORCHINDUCTOR_CACHE_DIR' in os.environ, 'vllm no longer sets it'\n"
+            "print('dir=' + lab.load_profile('cpu').server_env().get('TORCHINDUCTOR_CACHE_DIR', ''))")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env.update(LAB_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT),
+               **({"TORCHINDUCTOR_CACHE_DIR": own} if own else {}))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "dir=" + ("" if own else
+                                                           str(tmp_path / "torchinductor"))
+
+
 def test_vllm_still_finalizes_what_it_loads_and_the_fix_gives_torchs_wrapper_the_method():
     # The fix exists because vLLM's loader calls this on torch's wrapper; if a
     # vLLM release stops doing so, this test says the fix can go.
