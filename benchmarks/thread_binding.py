@@ -76,11 +76,19 @@ CONFIGS = {
     # (`lab_utils.pystack`): no chunk of it mapped and unmapped at every crossing
     "all+tcmalloc+stackroom": dict(bind="all", tcmalloc=True, stack_room=True),
     "all+tcmalloc+compiled+stackroom": dict(bind="all", tcmalloc=True, stack_room=True),
+    # traced by Dynamo once (vLLM's mode 2, DYNAMO_TRACE_ONCE) and run by torch's
+    # "eager" backend instead of Inductor's kernels (what vLLM's CPU platform does under
+    # its internal VLLM_CPU_CI_ENV, "to save time"): no kernels compiled at the start;
+    # how much of eager's Python time per step does one traced graph save?
+    "all+tcmalloc+dynamo+stackroom": dict(bind="all", tcmalloc=True, stack_room=True),
 }
 #: Engine flags of a configuration besides the profile's (default: none).
 FLAGS = {"all+tcmalloc+compiled": {"enforce_eager": False},
          "all+tcmalloc+inproc+compiled": {"enforce_eager": False},
-         "all+tcmalloc+compiled+stackroom": {"enforce_eager": False}}
+         "all+tcmalloc+compiled+stackroom": {"enforce_eager": False},
+         "all+tcmalloc+dynamo+stackroom": {"enforce_eager": False,
+                                            "compilation_config": {"mode": 2,
+                                                                   "backend": "eager"}}}
 #: Environment of a configuration besides its binding (default: none).
 #: Compiled configurations compile with the lab's caches (`lab_utils.compile_cache`,
 #: from the profile's environment): Inductor's caches under LAB_CACHE_DIR, shared by

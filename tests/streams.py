@@ -159,7 +159,7 @@ def first_failure(lines: list[str]) -> list[str]:
         (i for i in range(first + 1, len(text)) if re.match(r"^=+ .* =+$", text[i])), len(text))
     block = text[first + 1:end]
     out = [_TITLE.match(text[first]).group(1)]
-    said = [line for line in block if line.startswith("E ")]
+    said = [line for line in block if line.startswith("E ") and line[1:].strip()]
     if not said:  # a notebook cell's traceback: its last exception line and what follows it
         at = max((i for i, line in enumerate(block) if _RAISED.match(line)), default=None)
         if at is not None:
