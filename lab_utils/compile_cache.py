@@ -48,8 +48,8 @@ import importlib.abc
 import importlib.util
 import os
 import sys
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Callable
 
 #: Set to "1" by the lab's launcher for `vllm serve` and inherited by every

@@ -72,8 +72,9 @@ class Profile:
                    flags: Mapping[str, Any] | None = None) -> dict[str, str]:
         """The environment a local server of this profile starts with: on the
         CPU the compile caches under the lab's cache (`compile_cache.cache_env`,
-        unless this process's environment sets them: `compile_cache.users_own`), the `cpu_binding`
-        variables, `LAB_CPU_ISA`'s (`cpu_tuning.isa_env`), then the profile's [env], then `extra` (a per-engine override such as
+        unless this process's environment sets them: `compile_cache.users_own`),
+        the `cpu_binding` variables, `LAB_CPU_ISA`'s (`cpu_tuning.isa_env`), then
+        the profile's [env], then `extra` (a per-engine override such as
         VLLM_CPU_OMP_THREADS_BIND wins); with `cpu_binding.in_process` (true, or
         "one-core" where this process may use one CPU: `cpu_tuning.wants_in_process`)
         the worker runs inside the engine-core process where that binding gives
