@@ -81,6 +81,10 @@ CONFIGS = {
     # its internal VLLM_CPU_CI_ENV, "to save time"): no kernels compiled at the start;
     # how much of eager's Python time per step does one traced graph save?
     "all+tcmalloc+dynamo+stackroom": dict(bind="all", tcmalloc=True, stack_room=True),
+    # an eager engine's RMSNorm and SiLU-and-mul in vLLM's C kernels instead of 7 and 3
+    # PyTorch ops each (`lab_utils.cpu_kernels`): 91 calls a decode step of 30 layers
+    "all+tcmalloc+stackroom+ckernels": dict(bind="all", tcmalloc=True, stack_room=True,
+                                            c_kernels=True),
 }
 #: Engine flags of a configuration besides the profile's (default: none).
 FLAGS = {"all+tcmalloc+compiled": {"enforce_eager": False},

@@ -44,13 +44,12 @@ Measured in `profiles/cpu.toml` and `benchmarks/thread_binding.py`.
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
+
+from .import_hooks import after_import
 
 #: Set to "1" by the lab's launcher for `vllm serve` and inherited by every
 #: process vLLM starts: `lab_utils.vllm_cli` then calls `install()` there.
@@ -153,39 +152,12 @@ def share_inductor_cache(directory: str | None = None, decorators: Any = None) -
 DECORATORS = "vllm.compilation.decorators"
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `then(module)` once, right after `name` is first imported. The same
-    hook as `isa_shim/sitecustomize.py`'s, kept apart: that file runs in every
-    Python process of an engine and may import nothing of `lab_utils` (whose
-    package imports pandas and more)."""
-
-    def __init__(self, name: str, then: Callable[[Any], Any]) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-        then = self.then
-
-        def exec_module(module: Any) -> None:
-            run(module)
-            then(module)
-
-        spec.loader.exec_module = exec_module   # this module's own loader instance
-        return spec
-
-
 def install() -> None:
     """Both fixes, in this process (idempotent): the first now, the second when
     vLLM's compile decorators are imported (at once if they are already)."""
     fix_aot_load()
-    if DECORATORS in sys.modules:
-        share_inductor_cache(decorators=sys.modules[DECORATORS])
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(
-            DECORATORS, lambda module: share_inductor_cache(decorators=module)))
+    after_import(DECORATORS, _share_in)
+
+
+def _share_in(decorators: Any) -> None:
+    share_inductor_cache(decorators=decorators)

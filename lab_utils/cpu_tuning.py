@@ -35,6 +35,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from .cpu_kernels import C_KERNELS_ENV
 from .pystack import STACK_ROOM_ENV
 
 #: Where Debian's `libtcmalloc-minimal4` and PyPI's `intel-openmp` put them.
@@ -228,7 +229,8 @@ class LibraryMissing(RuntimeError):
 
 def binding_env(bind: str = "auto", *, tcmalloc: bool = False,
                 iomp: bool = False, in_process: bool = False,
-                fork_core: bool = False, stack_room: bool = False) -> dict[str, str]:
+                fork_core: bool = False, stack_room: bool = False,
+                c_kernels: bool = False) -> dict[str, str]:
     """Environment for a vLLM CPU server.
 
     `bind`: "auto" (vLLM's default: one core per rank, one reserved), "all"
@@ -240,10 +242,14 @@ def binding_env(bind: str = "auto", *, tcmalloc: bool = False,
     process forked from the API server, its worker still spawned
     (FORK_CORE_ENV, read by `lab_utils.vllm_cli`). `stack_room`: vLLM's
     engine-core and worker loops with room on Python's frame stack
-    (`lab_utils.pystack`, STACK_ROOM_ENV, read by `lab_utils.vllm_cli`)."""
+    (`lab_utils.pystack`, STACK_ROOM_ENV, read by `lab_utils.vllm_cli`).
+    `c_kernels`: an eager engine's RMSNorm and SiLU-and-mul in vLLM's C kernels
+    (`lab_utils.cpu_kernels`, C_KERNELS_ENV, read by `lab_utils.vllm_cli`)."""
     env: dict[str, str] = {FORK_CORE_ENV: "1"} if fork_core else {}
     if stack_room:
         env[STACK_ROOM_ENV] = "1"
+    if c_kernels:
+        env[C_KERNELS_ENV] = "1"
     if bind == "all":
         env["VLLM_CPU_OMP_THREADS_BIND"] = all_cores()
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
@@ -283,7 +289,8 @@ def profile_binding_env(binding: Mapping[str, object]) -> dict[str, str]:
     it makes the engine slower, not wrong."""
     kw = {"bind": str(binding.get("bind", "auto")),
           "fork_core": bool(binding.get("fork_engine_core")),
-          "stack_room": bool(binding.get("stack_room"))}
+          "stack_room": bool(binding.get("stack_room")),
+          "c_kernels": bool(binding.get("c_kernels"))}
     for lib, (find, fix) in _preloads().items():
         kw[lib] = bool(binding.get(lib)) and find() is not None
         if binding.get(lib) and not kw[lib] and fix not in _WARNED:
@@ -308,6 +315,8 @@ def describe_env(env: Mapping[str, str]) -> str:
         parts.append("+forked-core")
     if env.get(STACK_ROOM_ENV) == "1":
         parts.append("+stack-room")
+    if env.get(C_KERNELS_ENV) == "1":
+        parts.append("+c-kernels")
     return " ".join(parts)
 
 

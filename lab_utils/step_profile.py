@@ -52,6 +52,11 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("compiled kernels", ("CompiledFxGraph",)),
 )
 
+#: vLLM's C kernels of a norm and of an activation (`lab_utils.cpu_kernels`): their
+#: calls are counted, not split out (their time stays in "other ops").
+NORM_OPS = ("_C::rms_norm", "_C::fused_add_rms_norm")
+ACTIVATION_OPS = ("_C::silu_and_mul",)
+
 #: The parts of a step `decode_breakdown` reports, in its order.
 PARTS = ("matrix products", "attention", "compiled kernels", "other ops", "python in the step")
 
@@ -140,7 +145,11 @@ def decode_breakdown(rows: Iterable[OpRow], step: str = SINGLE_DECODE_STEP) -> d
                 "python in the step": mine[0].self_ms / n,
                 # every GEMM call of the profile, prefill steps included
                 "gemm_calls": sum(r.calls for r in rows
-                                  if category(r.name) == "matrix products")}
+                                  if category(r.name) == "matrix products"),
+                # and of vLLM's C kernels of norms and activations (none where they
+                # run as PyTorch ops, or inside a compiled graph)
+                "norm_calls": sum(r.calls for r in rows if r.name in NORM_OPS),
+                "activation_calls": sum(r.calls for r in rows if r.name in ACTIVATION_OPS)}
     spent = {label: 0.0 for label, _ in CATEGORIES}
     spent["other ops"] = 0.0
     for r in rows:

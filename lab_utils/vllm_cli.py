@@ -13,7 +13,10 @@ on Python's frame stack (`lab_utils.pystack`). With LAB_COMPILE_CACHE=1 (set by
 the lab's launcher with the caches' folders, `compile_cache.cache_env`), a
 compiled engine loads what an earlier start compiled (`lab_utils.compile_cache`):
 in `serve` and in every process it spawns, which runs this module's top level
-again (multiprocessing's spawn re-imports the main module).
+again (multiprocessing's spawn re-imports the main module). With
+LAB_CPU_C_KERNELS=1 (`[cpu_binding] c_kernels`), an eager engine's RMSNorm and
+SiLU-and-mul run in vLLM's C kernels (`lab_utils.cpu_kernels`), in every
+process the same way.
 """
 import os
 import sys
@@ -40,6 +43,11 @@ if os.environ.get("LAB_COMPILE_CACHE") == "1":   # compile_cache.COMPILE_CACHE_E
     from lab_utils import compile_cache
 
     compile_cache.install()
+
+if os.environ.get("LAB_CPU_C_KERNELS") == "1":   # cpu_kernels.C_KERNELS_ENV
+    from lab_utils import cpu_kernels
+
+    cpu_kernels.install()
 
 
 def fork_engine_core() -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from lab_utils import cpu_kernels
 from lab_utils.article_table import ARTICLE_TABLE
 from lab_utils.smoke import smoke_parameters
 
@@ -207,6 +208,16 @@ def test_00_the_profiler_counts_every_step_and_each_weight_matrix_once_a_step(sm
     assert split["steps"] == requests * (tokens - 1)
     config = json.loads((Path(data["environment"]["model"]) / "config.json").read_text())
     assert split["gemm_calls"] == (4 * config["num_hidden_layers"] + 1) * requests * tokens
+    # an eager engine with vLLM's C kernels (`[cpu_binding] c_kernels`,
+    # lab_utils.cpu_kernels): two norms a layer and the final one, one activation a
+    # layer, each a single C call; without them, none
+    profiled = [e for e in data["engines"] if "--profiler-config" in e["command"]]
+    assert len(profiled) == 1, [e["command"] for e in data["engines"]]
+    c_kernels = (f"{cpu_kernels.C_KERNELS_ENV}=1" in profiled[0]["command"]
+                 and "--enforce-eager" in profiled[0]["command"])
+    layers = config["num_hidden_layers"]
+    assert split["norm_calls"] == ((2 * layers + 1) * requests * tokens if c_kernels else 0)
+    assert split["activation_calls"] == (layers * requests * tokens if c_kernels else 0)
     parts = ("matrix products", "attention", "compiled kernels", "other ops", "python in the step")
     assert sum(split[p] for p in parts) == pytest.approx(split["step_ms"])
     assert split["matrix products"] > 0 and split["python in the step"] > 0

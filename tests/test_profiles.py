@@ -114,6 +114,17 @@ def test_profile_toml_errors(tmp_path):
         load_profile(str(missing))
 
 
+@pytest.mark.parametrize("key", ["fork_engine_core", "stack_room", "c_kernels"])
+@pytest.mark.parametrize("value", ['"yes"', "1"])
+def test_cpu_binding_switches_are_true_or_false(tmp_path, key, value):
+    # TOML's 1 is not true: an integer is refused as a string is (1 == True in Python)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\nkind = "local"\ndevice = "cpu"\nmodel = "embedded"\n'
+                   f'[cpu_binding]\n{key} = {value}\n')
+    with pytest.raises(ConfigError, match=f"{key} = .*allowed: true or false"):
+        load_profile(str(bad))
+
+
 def test_remote_profile_needs_base_url(monkeypatch):
     monkeypatch.delenv("LAB_REMOTE_URL", raising=False)
     with pytest.raises(ConfigError, match="base_url"):
