@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from lab_utils import cpu_kernels, cpu_tuning
 from lab_utils.cpu_tuning import describe_env
 from lab_utils.profiles import load_profile
