@@ -83,3 +83,16 @@ def test_the_profiled_arm_is_planned_on_a_local_cpu_engine_only(cpu, gpu, monkey
         ctx = SimpleNamespace(plan=baseline.plan(target, {"profile_tokens": 64}), profile=target)
         table, split = baseline.decode_step_split(ctx, 64)
         assert table is None and why in split["why"]
+
+
+def test_calls_per_forward_divides_the_profiles_counts_by_the_forward_passes():
+    # 2 requests of 4 answer tokens: 8 forward passes of a 30-layer model, norms in C
+    split = {"requests": 2, "tokens": 4, "layers": 30, "gemm_calls": 968,
+             "norm_calls": 488, "activation_calls": 240}
+    table = baseline.calls_per_forward(split)
+    assert table["counted per pass"].tolist() == [121, 61, 30]
+    assert table["the layers call for"].tolist() == [121, 61, 30]
+    # norms and activations as PyTorch ops: none counted
+    table = baseline.calls_per_forward({**split, "norm_calls": 0, "activation_calls": 0})
+    assert table["counted per pass"].tolist() == [121, 0, 0]
+    assert baseline.calls_per_forward({"why": "a remote server"}) is None

@@ -190,13 +190,37 @@ def decode_step_split(ctx, tokens: int, requests: int = 2) -> tuple[pd.DataFrame
     failed = [r.error for r in run.records if not r.ok]
     if failed:
         raise RuntimeError(f"profiled requests failed: {failed[0]}")
+    facts, _ = decode_floor.step_facts(engine)
     split = {**step_profile.decode_breakdown(step_profile.read_table(step_profile.folder_of(engine))),
-             "requests": requests, "tokens": int(tokens)}
+             "requests": requests, "tokens": int(tokens),
+             "layers": facts.num_hidden_layers if facts is not None else None}
     parts = [*step_profile.PARTS]
     table = pd.DataFrame({"ms per step": [split[p] for p in parts]}, index=pd.Index(parts, name="part"))
     table["share of the step"] = table["ms per step"] / split["step_ms"]
     table.loc["the step (vLLM's step timer under the profiler)"] = [split["step_ms"], 1.0]
     return table.round({"ms per step": 2, "share of the step": 3}), split
+
+
+def calls_per_forward(split: dict) -> pd.DataFrame | None:
+    """What vLLM's torch profiler counted per forward pass on the profiled arm
+    (each request: one prefill and `tokens` - 1 decode steps), beside what the
+    model's layers call for: a matrix product per projection (q/k/v, o, gate/up,
+    down: 4 a layer) and the LM head; two norms a layer and the final one; an
+    activation a layer. Norms and activations count only where they ran in
+    vLLM's C kernels (`lab_utils.cpu_kernels`); as PyTorch ops they count 0.
+    None where the split has no profile (`split["why"]`)."""
+    if "why" in split:
+        return None
+    passes = split["requests"] * split["tokens"]
+    layers = split.get("layers")
+    rows = {"matrix products (_C::onednn_mm, ...)": (split["gemm_calls"], 4, 1),
+            "norms in C (_C::rms_norm, _C::fused_add_rms_norm)": (split["norm_calls"], 2, 1),
+            "activations in C (_C::silu_and_mul)": (split["activation_calls"], 1, 0)}
+    return pd.DataFrame(
+        {"counted per pass": [calls / passes for calls, _, _ in rows.values()],
+         "the layers call for": [a * layers + b if layers else np.nan
+                                         for _, a, b in rows.values()]},
+        index=pd.Index(list(rows), name=f"op ({layers} layers)" if layers else "op"))
 
 
 def findings(ttft: pd.DataFrame, tpot: pd.DataFrame, fit: dict, floor=None,
