@@ -70,15 +70,20 @@ def inductor_compiles(vllm_config: Any) -> bool:
     return cc.mode != CompilationMode.NONE and cc.backend == "inductor"
 
 
+def _vllm_c(op: str) -> Any:
+    """vLLM's registered `vllm_c` implementation of IR op `op`, or None."""
+    from vllm.ir.op import IrOp
+    return IrOp.registry[op].impls.get(PROVIDER)
+
+
 def mark_supported(vllm_c: Any = None) -> list[str]:
     """1.: the IR ops whose `vllm_c` implementation is now supported here."""
-    from vllm.ir.op import IrOp
     from vllm.platforms import current_platform
     if not current_platform.is_cpu():
         return []
     marked = []
     for op in IR_OPS:
-        impl = IrOp.registry[op].impls.get(PROVIDER)
+        impl = _vllm_c(op)
         if impl is not None and has_c_op(op):
             impl.supported = True
             marked.append(op)
@@ -103,9 +108,8 @@ def prefer_c(cpu_platform_module: Any = None) -> None:
         if inductor_compiles(vllm_config):
             return priority
         cls.import_ir_kernels()          # registers vllm_c (and so marks it)
-        from vllm.ir.op import IrOp
         for op in IR_OPS:
-            impl = IrOp.registry[op].impls.get(PROVIDER)
+            impl = _vllm_c(op)
             if impl is not None and impl.supported:
                 rest = [p for p in getattr(priority, op) if p != PROVIDER]
                 setattr(priority, op, [PROVIDER, *rest])
