@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     where = gpu.title if gpu else profile.device
     print(f"{len(configs)} distinct engine configurations of profile {profile.name!r} "
           f"({len(checks)} notebooks, checked for {where}), max_model_len {args.max_model_len}")
-    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
+    # a dry run starts nothing, so it leaves no empty log folder behind
+    log_dir = args.log_dir or (None if args.dry_run else Path(tempfile.mkdtemp(prefix="gpu-smoke-")))
     failed = 0
     for i, config in enumerate(configs, 1):
         print(f"\n[{i}/{len(configs)}] {config.command}\n  used by {'; '.join(config.arms)}",

@@ -36,6 +36,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .cpu_kernels import C_KERNELS_ENV
+from .huge_pages import HUGETLB, TUNABLES
+from .huge_pages import env as huge_pages_env
+from .huge_pages import status as huge_pages_status
 from .pystack import STACK_ROOM_ENV
 
 #: Where Debian's `libtcmalloc-minimal4` and PyPI's `intel-openmp` put them.
@@ -230,7 +233,7 @@ class LibraryMissing(RuntimeError):
 def binding_env(bind: str = "auto", *, tcmalloc: bool = False,
                 iomp: bool = False, in_process: bool = False,
                 fork_core: bool = False, stack_room: bool = False,
-                c_kernels: bool = False) -> dict[str, str]:
+                c_kernels: bool = False, huge_pages: bool = False) -> dict[str, str]:
     """Environment for a vLLM CPU server.
 
     `bind`: "auto" (vLLM's default: one core per rank, one reserved), "all"
@@ -244,12 +247,19 @@ def binding_env(bind: str = "auto", *, tcmalloc: bool = False,
     engine-core and worker loops with room on Python's frame stack
     (`lab_utils.pystack`, STACK_ROOM_ENV, read by `lab_utils.vllm_cli`).
     `c_kernels`: an eager engine's RMSNorm and SiLU-and-mul in vLLM's C kernels
-    (`lab_utils.cpu_kernels`, C_KERNELS_ENV, read by `lab_utils.vllm_cli`)."""
+    (`lab_utils.cpu_kernels`, C_KERNELS_ENV, read by `lab_utils.vllm_cli`).
+    `huge_pages`: malloc's and PyTorch's memory on transparent huge pages
+    (`lab_utils.huge_pages`; glibc's malloc, so not with `tcmalloc`)."""
     env: dict[str, str] = {FORK_CORE_ENV: "1"} if fork_core else {}
     if stack_room:
         env[STACK_ROOM_ENV] = "1"
     if c_kernels:
         env[C_KERNELS_ENV] = "1"
+    if huge_pages:
+        if tcmalloc:
+            raise ValueError("huge_pages needs glibc's malloc, which tcmalloc replaces: "
+                             "choose one")
+        env.update(huge_pages_env())
     if bind == "all":
         env["VLLM_CPU_OMP_THREADS_BIND"] = all_cores()
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
@@ -290,7 +300,13 @@ def profile_binding_env(binding: Mapping[str, object]) -> dict[str, str]:
     kw = {"bind": str(binding.get("bind", "auto")),
           "fork_core": bool(binding.get("fork_engine_core")),
           "stack_room": bool(binding.get("stack_room")),
-          "c_kernels": bool(binding.get("c_kernels"))}
+          "c_kernels": bool(binding.get("c_kernels")),
+          "huge_pages": bool(binding.get("huge_pages"))}
+    if kw["huge_pages"] and (why := huge_pages_status()) and why not in _WARNED:
+        _WARNED.add(why)
+        import warnings
+        warnings.warn(f"huge pages: {why}; the engine runs on 4 KiB pages (slower decode)",
+                      stacklevel=2)
     for lib, (find, fix) in _preloads().items():
         kw[lib] = bool(binding.get(lib)) and find() is not None
         if binding.get(lib) and not kw[lib] and fix not in _WARNED:
@@ -317,6 +333,8 @@ def describe_env(env: Mapping[str, str]) -> str:
         parts.append("+stack-room")
     if env.get(C_KERNELS_ENV) == "1":
         parts.append("+c-kernels")
+    if HUGETLB in env.get(TUNABLES, "").split(":"):
+        parts.append("+huge-pages")
     return " ".join(parts)
 
 
@@ -330,24 +348,37 @@ times = []
 for _ in range(7):
     t0 = time.perf_counter(); x.sum(); times.append(time.perf_counter() - t0)
 times.sort()
+huge = [int(l.split()[1]) * 1024 for l in open("/proc/self/smaps_rollup")
+        if l.startswith("AnonHugePages:")]
 print(json.dumps({"threads": threads, "bytes": x.numel() * 4, "seconds_median": times[3],
-                  "gb_per_s": x.numel() * 4 / times[3] / 1e9}))
+                  "gb_per_s": x.numel() * 4 / times[3] / 1e9,
+                  "huge_page_bytes": huge[0] if huge else 0}))
 """
 
 
+def read_bandwidth(threads: int = 1, mib: int = 1024) -> dict:
+    """Measured memory read bandwidth of a `mib`-MiB float32 sum with `threads`
+    torch threads, in a fresh process, the median of 7: `gb_per_s` (1e9 bytes),
+    and `huge_page_bytes`, how much of that process's memory was on huge pages
+    (`_run_script`)."""
+    return _run_script(_BANDWIDTH_SCRIPT, threads, mib, timeout=300)
+
+
 def read_bandwidth_gbs(threads: int = 1, mib: int = 1024) -> float:
-    """Measured memory read bandwidth (GB/s, 1e9 bytes) of a `mib`-MiB float32
-    sum with `threads` torch threads, in a fresh process: the median of 7."""
-    return float(_run_script(_BANDWIDTH_SCRIPT, threads, mib, timeout=300)["gb_per_s"])
+    """`read_bandwidth`'s GB/s."""
+    return float(read_bandwidth(threads, mib)["gb_per_s"])
 
 
 def _run_script(script: str, *args, timeout: float) -> dict:
     """Run a measurement `script` in a fresh Python process (its own threads,
     nothing of this process's allocations) and read the JSON of its last line.
     It computes with the kernels the lab's engines use: under `LAB_CPU_ISA=avx2`,
-    AVX2's (`isa_env`)."""
+    AVX2's (`isa_env`), and on transparent huge pages where the machine has
+    them (`lab_utils.huge_pages`): what it measures is the memory and the
+    kernels, not 4 KiB pages' TLB misses."""
+    pages = huge_pages_env() if huge_pages_status() is None else {}
     proc = subprocess.run([sys.executable, "-c", script, *map(str, args)],
-                          env={**os.environ, **isa_env()},
+                          env={**os.environ, **isa_env(), **pages},
                           capture_output=True, text=True, timeout=timeout, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -12,8 +12,10 @@ path uses. This is why the article's TPOT techniques work: quantization reads
 fewer bytes per step, speculative decoding and batching emit more tokens per read.
 
 On the `cpu` profile the lab measures both figures on this machine: the read
-bandwidth with the worker's thread count (a float32 sum, `cpu_tuning.read_bandwidth_gbs`,
-measured right before: a shared host's bandwidth drifts), and the step's matrix
+bandwidth with the worker's thread count (a float32 sum, `cpu_tuning.read_bandwidth`,
+measured right before: a shared host's bandwidth drifts; on huge pages where the
+machine has them, `lab_utils.huge_pages`: with 4 KiB pages a virtual machine's
+sum measured 23 GB/s where huge pages gave 29), and the step's matrix
 products alone through the GEMM vLLM picks (`cpu_tuning.decode_linears_ms`): the
 part of TPOT no scheduling or small op adds to. On a GPU the floor comes from the
 datasheet bandwidth of the GPU `LAB_GPU` names (`lab_utils/profiles/facts/devices.toml`),
@@ -28,7 +30,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import cpu_tuning, host
+from . import cpu_tuning, host, huge_pages
 from .facts import device, model_facts
 from .step_profile import PARTS as STEP_PARTS
 
@@ -50,6 +52,9 @@ class DecodeFloor:
     linear_count: int = 0
     why: str = ""
     linears_why: str = ""
+    #: The engine's memory on transparent huge pages (its processes' AnonHugePages,
+    #: `lab_utils.huge_pages`), bytes; None where the lab cannot read it.
+    engine_huge_page_bytes: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -148,9 +153,14 @@ def measure(engine, *, steps: int = 21, gpu: str | None = None) -> DecodeFloor:
                            None, gpu_.read_seconds(weights / tp) * 1e3,  # each rank reads its shard
                            linears_why="on a GPU: time them there (torch.profiler of the engine)")
     threads = worker_threads(engine)
-    bandwidth = cpu_tuning.read_bandwidth_gbs(threads)
-    floor = DecodeFloor(weights, dtype, bandwidth, f"measured: float32 sum, {threads} thread(s)",
-                        threads, cpu_tuning.decode_floor_ms(weights, bandwidth))
+    huge = engine_huge_page_bytes(engine)
+    read = cpu_tuning.read_bandwidth(threads)
+    bandwidth = float(read["gb_per_s"])
+    pages = "huge pages" if read.get("huge_page_bytes", 0) >= read["bytes"] // 2 else "4 KiB pages"
+    floor = DecodeFloor(weights, dtype, bandwidth,
+                        f"measured: float32 sum, {threads} thread(s), {pages}",
+                        threads, cpu_tuning.decode_floor_ms(weights, bandwidth),
+                        engine_huge_page_bytes=huge)
     if facts.quantization != "none":
         return dataclasses.replace(floor, linears_why="a quantized checkpoint: the lab times unquantized "
                                            "GEMMs only")
@@ -158,6 +168,16 @@ def measure(engine, *, steps: int = 21, gpu: str | None = None) -> DecodeFloor:
     got = cpu_tuning.decode_linears_ms(shapes, threads, steps, dtype=dtype)
     return dataclasses.replace(floor, linears_ms=got["ms_median"], linears_min_ms=got["ms_min"],
                     linear_count=len(shapes))
+
+
+def engine_huge_page_bytes(engine) -> int | None:
+    """How much of a local engine's memory is on transparent huge pages: the
+    AnonHugePages of its processes (server, engine core, worker); None where
+    there is no local process to read."""
+    proc = getattr(getattr(engine, "server", None), "proc", None)
+    if proc is None:
+        return None
+    return sum(huge_pages.anon_huge_bytes(p.pid) for p in host.group_processes(proc.pid))
 
 
 def single_stream_tpot(tpot: pd.DataFrame) -> pd.Series:
@@ -210,6 +230,9 @@ def finding(floor: DecodeFloor, tpot: pd.DataFrame,
         if floor.linears_ms is not None:
             mechanism += (f"; the step's {floor.linear_count} matrix products alone "
                           f"{floor.linears_ms:.1f} ms = {floor.linears_ms / floor.floor_ms:.2f}x")
+        if floor.engine_huge_page_bytes is not None:
+            mechanism += (f"; the engine's memory on huge pages "
+                          f"{floor.engine_huge_page_bytes / 2**20:,.0f} MiB")
     split = step_split if step_split and "step_ms" in step_split else None
     if split:
         mechanism += ("; vLLM's torch profiler, ms per decode step: " + ", ".join(

@@ -44,7 +44,8 @@ class Profile:
     #: keywords: bind, tcmalloc, iomp; `in_process` true/false/"one-core":
     #: `cpu_tuning.wants_in_process`, `cpu_tuning.in_process_env`;
     #: `fork_engine_core`: `lab_utils.vllm_cli.fork_engine_core`; `stack_room`:
-    #: `lab_utils.pystack`; `c_kernels`: `lab_utils.cpu_kernels`),
+    #: `lab_utils.pystack`; `c_kernels`: `lab_utils.cpu_kernels`; `huge_pages`:
+    #: `lab_utils.huge_pages`, not with tcmalloc),
     #: measured by benchmarks/thread_binding.py
     cpu_binding: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: Per-notebook parameter defaults for this target: {notebook: {name: value}}
@@ -197,16 +198,20 @@ def load_profile(name: str = "cpu", *, base_url: str = "", **engine_overrides: A
     if data["cpu_binding"] and data.get("device") != "cpu":
         raise ConfigError(f"{path}: [cpu_binding] applies to device = 'cpu' only")
     bad = set(data["cpu_binding"]) - {"bind", "tcmalloc", "iomp", "in_process",
-                                      "fork_engine_core", "stack_room", "c_kernels"}
+                                      "fork_engine_core", "stack_room", "c_kernels",
+                                      "huge_pages"}
     if bad:
         raise ConfigError(f"{path}: unknown [cpu_binding] keys {sorted(bad)}; allowed: "
                           "bind ('auto', 'all' or a CPU list), tcmalloc, iomp, in_process "
                           "(true, false or \"one-core\"), fork_engine_core, stack_room, "
-                          "c_kernels (true or false)")
-    for key in ("fork_engine_core", "stack_room", "c_kernels"):
+                          "c_kernels, huge_pages (true or false)")
+    for key in ("fork_engine_core", "stack_room", "c_kernels", "huge_pages"):
         if not isinstance(data["cpu_binding"].get(key, False), bool):   # 1 == True
             raise ConfigError(f"{path}: [cpu_binding] {key} = "
                               f"{data['cpu_binding'][key]!r}; allowed: true or false")
+    if data["cpu_binding"].get("huge_pages") and data["cpu_binding"].get("tcmalloc"):
+        raise ConfigError(f"{path}: [cpu_binding] huge_pages needs glibc's malloc, which "
+                          "tcmalloc replaces: set tcmalloc = false, or huge_pages = false")
     from .cpu_tuning import ONE_CORE
     if data["cpu_binding"].get("in_process", False) not in (True, False, ONE_CORE):
         raise ConfigError(f"{path}: [cpu_binding] in_process = "

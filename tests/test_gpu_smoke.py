@@ -66,8 +66,11 @@ def test_the_gpu_plans_distinct_configurations(smoke, params):
     assert shared.arms == ["02_prefix_caching: on", "03_prompt_length_and_warmup: cache on"]
 
 
-def test_dry_run_prints_every_configuration_and_the_plan_problems(smoke, params, capsys):
+def test_dry_run_prints_every_configuration_and_the_plan_problems(smoke, params, capsys,
+                                                                  monkeypatch, tmp_path):
     import json
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     code = smoke.main(["--dry-run", "-p", "findings_dir", json.dumps(params["findings_dir"])])
     out = capsys.readouterr().out
     assert code == 0, out[-2000:]
@@ -79,6 +82,7 @@ def test_dry_run_prints_every_configuration_and_the_plan_problems(smoke, params,
     code = smoke.main(["--dry-run", "--only", "00", "--max-model-len", "1024"])
     out = capsys.readouterr().out
     assert code == 0 and "--max-model-len 1024" in out and "0 plan problems" in out
+    assert list(tmp_path.iterdir()) == []       # a dry run leaves no empty log folder
 
 
 def test_one_request_decides_pass_or_fail(smoke, fake, monkeypatch, tmp_path):

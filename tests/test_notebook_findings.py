@@ -192,6 +192,21 @@ def test_00_single_stream_tpot_is_not_below_the_decode_floor(smoke_results):
         assert floor["threads"] == len(parse_id_list(asked))
 
 
+def test_00_weights_and_the_floors_sum_are_on_huge_pages_where_asked(smoke_results):
+    # glibc's malloc advises huge pages under GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+    # (lab_utils.huge_pages): the engine's processes then hold at least its weights
+    # on them, as the kernel counts them (AnonHugePages); so does the floor's sum.
+    from lab_utils import huge_pages
+    if huge_pages.status() is not None:
+        pytest.skip(f"no huge pages here: {huge_pages.status()}")
+    data = results_of(smoke_results, "00_baseline")
+    [found] = [f for f in data["findings"] if f["technique"] == "baseline: decode floor"]
+    floor = found["decode_floor"]
+    assert floor["bandwidth_source"].endswith("huge pages"), floor
+    if huge_pages.HUGETLB in data["engines"][0]["command"]:
+        assert floor["engine_huge_page_bytes"] >= floor["weight_bytes"], floor
+
+
 def test_00_the_profiler_counts_every_step_and_each_weight_matrix_once_a_step(smoke_results):
     # vLLM's torch profiler on the profiled arm: each request of `tokens` answer
     # tokens takes one prefill step and tokens - 1 single-request decode steps, and

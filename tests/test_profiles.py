@@ -114,7 +114,7 @@ def test_profile_toml_errors(tmp_path):
         load_profile(str(missing))
 
 
-@pytest.mark.parametrize("key", ["fork_engine_core", "stack_room", "c_kernels"])
+@pytest.mark.parametrize("key", ["fork_engine_core", "stack_room", "c_kernels", "huge_pages"])
 @pytest.mark.parametrize("value", ['"yes"', "1"])
 def test_cpu_binding_switches_are_true_or_false(tmp_path, key, value):
     # TOML's 1 is not true: an integer is refused as a string is (1 == True in Python)
@@ -122,6 +122,14 @@ def test_cpu_binding_switches_are_true_or_false(tmp_path, key, value):
     bad.write_text('name = "bad"\nkind = "local"\ndevice = "cpu"\nmodel = "embedded"\n'
                    f'[cpu_binding]\n{key} = {value}\n')
     with pytest.raises(ConfigError, match=f"{key} = .*allowed: true or false"):
+        load_profile(str(bad))
+
+
+def test_huge_pages_and_tcmalloc_are_refused_together(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\nkind = "local"\ndevice = "cpu"\nmodel = "embedded"\n'
+                   '[cpu_binding]\nhuge_pages = true\ntcmalloc = true\n')
+    with pytest.raises(ConfigError, match="set tcmalloc = false"):
         load_profile(str(bad))
 
 
