@@ -36,9 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .cpu_kernels import C_KERNELS_ENV
-from .huge_pages import HUGETLB, TUNABLES
-from .huge_pages import env as huge_pages_env
-from .huge_pages import status as huge_pages_status
+from . import huge_pages as thp
 from .pystack import STACK_ROOM_ENV
 
 #: Where Debian's `libtcmalloc-minimal4` and PyPI's `intel-openmp` put them.
@@ -259,7 +257,7 @@ def binding_env(bind: str = "auto", *, tcmalloc: bool = False,
         if tcmalloc:
             raise ValueError("huge_pages needs glibc's malloc, which tcmalloc replaces: "
                              "choose one")
-        env.update(huge_pages_env())
+        env.update(thp.env())
     if bind == "all":
         env["VLLM_CPU_OMP_THREADS_BIND"] = all_cores()
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
@@ -302,7 +300,7 @@ def profile_binding_env(binding: Mapping[str, object]) -> dict[str, str]:
           "stack_room": bool(binding.get("stack_room")),
           "c_kernels": bool(binding.get("c_kernels")),
           "huge_pages": bool(binding.get("huge_pages"))}
-    if kw["huge_pages"] and (why := huge_pages_status()) and why not in _WARNED:
+    if kw["huge_pages"] and (why := thp.status()) and why not in _WARNED:
         _WARNED.add(why)
         import warnings
         warnings.warn(f"huge pages: {why}; the engine runs on 4 KiB pages (slower decode)",
@@ -333,7 +331,7 @@ def describe_env(env: Mapping[str, str]) -> str:
         parts.append("+stack-room")
     if env.get(C_KERNELS_ENV) == "1":
         parts.append("+c-kernels")
-    if HUGETLB in env.get(TUNABLES, "").split(":"):
+    if thp.HUGETLB in env.get(thp.TUNABLES, "").split(":"):
         parts.append("+huge-pages")
     return " ".join(parts)
 
@@ -376,7 +374,7 @@ def _run_script(script: str, *args, timeout: float) -> dict:
     AVX2's (`isa_env`), and on transparent huge pages where the machine has
     them (`lab_utils.huge_pages`): what it measures is the memory and the
     kernels, not 4 KiB pages' TLB misses."""
-    pages = huge_pages_env() if huge_pages_status() is None else {}
+    pages = thp.env() if thp.status() is None else {}
     proc = subprocess.run([sys.executable, "-c", script, *map(str, args)],
                           env={**os.environ, **isa_env(), **pages},
                           capture_output=True, text=True, timeout=timeout, check=True)
