@@ -12,12 +12,16 @@ for a workload before it places rates:
   finished; `max_rate` = finished requests per second is its throughput.
 
 `Capacity.rates(k)` places k Poisson rates from light load to saturation (and
-past it: `beyond`), `Capacity.fraction(f)` is a rate at a share of capacity.
+past it: `beyond`); `Capacity.rates_above_sync(k)` the k-1 Poisson rates of a
+sweep whose first point is the synchronous run itself, as GuideLLM's is;
+`Capacity.fraction(f)` is a rate at a share of capacity.
 `goodput_knee` finds the highest rate at which the share of requests meeting
-the SLO stays at or above a target share of what light load attains, and `knee_ratio_ci` the bootstrap interval
-of the ratio of two configurations' knees. `measure_capacity` keeps to a time
-budget and caches its result per engine configuration, workload and machine
-in the results folder, so the notebooks of one run measure an engine once.
+the SLO stays at or above a target share of what light load attains, and
+`knee_ratio_ci` the bootstrap interval of the ratio of two configurations'
+knees. `probe_capacity` measures both points within a time budget and returns
+their runs too; `measure_capacity` caches its result per engine
+configuration, workload and machine in the results folder, so the notebooks
+of one run measure an engine once.
 """
 from __future__ import annotations
 
@@ -79,6 +83,21 @@ class Capacity:
             raise ValueError(f"no sweep between {lo:g} and {hi:g} req/s ({self})")
         return [float(f"{r:.3g}") for r in np.linspace(lo, hi, k)]
 
+    def rates_above_sync(self, k: int, *, beyond: float = 1.3) -> list[float]:
+        """The Poisson rates of a `k`-point sweep whose first point is the
+        synchronous run itself (at `sync_rate`): `k - 1` rates evenly spaced
+        above it, up to `beyond` x the saturation throughput (past the knee),
+        rounded to 3 significant digits. The synchronous run is the lightest
+        load there is (no two requests overlap), measured already by the
+        capacity probe, so no Poisson rate is spent on an idle engine."""
+        if k < 2:
+            raise ValueError(f"a sweep needs at least 2 points, got {k}")
+        lo = self.sync_rate
+        hi = beyond * max(self.max_rate, lo)
+        if not (0 < lo < hi):
+            raise ValueError(f"no sweep between {lo:g} and {hi:g} req/s ({self})")
+        return [float(f"{r:.3g}") for r in np.linspace(lo, hi, k)[1:]]
+
     def describe(self) -> str:
         return (f"capacity of {self.engine or 'the engine'} on {self.workload or 'the workload'}:"
                 f" one at a time {self.sync_rate:.3g} req/s (E2E {self.sync_e2e_s * 1e3:.0f} ms),"
@@ -122,20 +141,55 @@ def _load_cache(path: Path | None) -> dict[str, Any]:
         return {}   # a half-written cache is remeasured, not trusted
 
 
+def probe_capacity(engine, make_specs: Callable[[int, int], Sequence[RequestSpec]], *,
+                   workload: str, sequential: int = 4, requests: int = 16,
+                   concurrency: int = 8, budget_s: float = 120.0,
+                   run: Callable[[Sequence[RequestSpec], Load, str], Any] | None = None,
+                   results=None, progress: bool = True) -> tuple[Capacity, Any, Any]:
+    """Measure the engine's capacity on a workload, uncached: (the capacity,
+    the synchronous run, the saturation run), so that a caller can keep the
+    two runs' requests as points of its own sweep (GuideLLM's `sweep` does:
+    its first point is the synchronous run).
+
+    `make_specs(n, seed)` builds n requests of the workload the experiment
+    will send (different text per seed, so the prefix cache does not flatter
+    the measurement); `workload` names it. `run(specs, load, phase)` sends
+    them (phase "sequential" or "saturated") and returns the client's run;
+    by default the engine's plain client, labelled `capacity/<workload>/<phase>`.
+    The saturation run is cut to what `budget_s` allows, assuming no speed-up
+    from batching (the worst case: one request after another at the
+    synchronous E2E), but keeps at least `concurrency` requests so that the
+    engine is saturated."""
+    if run is None:
+        from .client import Client
+        client = Client.for_engine(engine)
+
+        def run(specs, load, phase):
+            return client.run(specs, load, label=f"capacity/{workload}/{phase}", progress=progress)
+    t0 = time.perf_counter()
+    seq = run(make_specs(sequential, 7001), Load.sequential(), "sequential")
+    e2e = [r.e2e for r in seq.records if r.ok and r.e2e]
+    if not e2e:
+        raise RuntimeError(f"capacity probe: no request of {workload!r} succeeded one at a time")
+    sync_e2e = float(np.median(e2e))
+    left = budget_s - (time.perf_counter() - t0)
+    n = max(min(requests, int(left / sync_e2e)), concurrency)
+    sat = run(make_specs(n, 7002), Load.concurrent(concurrency), "saturated")
+    done = sum(1 for r in sat.records if r.ok)
+    cap = Capacity(sync_e2e_s=sync_e2e, max_rate=done / sat.duration_s if sat.duration_s else 0.0,
+                   concurrency=concurrency, requests=n, seconds=time.perf_counter() - t0,
+                   workload=workload, engine=engine.label)
+    _record(results, cap, cached=False)
+    return cap, seq, sat
+
+
 def measure_capacity(engine, make_specs: Callable[[int, int], Sequence[RequestSpec]], *,
                      workload: str, sequential: int = 4, requests: int = 16,
                      concurrency: int = 8, budget_s: float = 120.0,
                      cache: str | Path | None = None, results=None,
                      progress: bool = True) -> Capacity:
-    """Measure (or read from `cache`) the engine's capacity on a workload.
-
-    `make_specs(n, seed)` builds n requests of the workload the experiment
-    will send (different text per seed, so the prefix cache does not flatter
-    the measurement); `workload` names it for the cache. The saturation run is
-    cut to what `budget_s` allows, assuming no speed-up from batching (the
-    worst case: one request after another at the synchronous E2E), but keeps
-    at least `concurrency` requests so that the engine is saturated."""
-    from .client import Client
+    """`probe_capacity`, or its result read from `cache` (one entry per
+    engine configuration, workload and machine)."""
     path = Path(cache) if cache is not None else None
     key = _cache_key(engine, workload)
     stored = _load_cache(path)
@@ -143,29 +197,15 @@ def measure_capacity(engine, make_specs: Callable[[int, int], Sequence[RequestSp
         cap = Capacity(**stored[key])
         _record(results, cap, cached=True)
         return cap
-    client = Client.for_engine(engine)
-    t0 = time.perf_counter()
-    seq = client.run(make_specs(sequential, 7001), Load.sequential(),
-                     label=f"capacity/{workload}/sequential", progress=progress)
-    e2e = [r.e2e for r in seq.records if r.ok and r.e2e]
-    if not e2e:
-        raise RuntimeError(f"capacity probe: no request of {workload!r} succeeded one at a time")
-    sync_e2e = float(np.median(e2e))
-    left = budget_s - (time.perf_counter() - t0)
-    n = max(min(requests, int(left / sync_e2e)), concurrency)
-    sat = client.run(make_specs(n, 7002), Load.concurrent(concurrency),
-                     label=f"capacity/{workload}/saturated", progress=progress)
-    done = sum(1 for r in sat.records if r.ok)
-    cap = Capacity(sync_e2e_s=sync_e2e, max_rate=done / sat.duration_s if sat.duration_s else 0.0,
-                   concurrency=concurrency, requests=n, seconds=time.perf_counter() - t0,
-                   workload=workload, engine=engine.label)
+    cap, _, _ = probe_capacity(engine, make_specs, workload=workload, sequential=sequential,
+                               requests=requests, concurrency=concurrency, budget_s=budget_s,
+                               results=results, progress=progress)
     if path is not None:
         from .paths import locked, write_atomic
         with locked(path):  # another process may add its own engines' capacities
             stored = _load_cache(path)
             stored[key] = asdict(cap)
             write_atomic(path, json.dumps(stored, indent=1))
-    _record(results, cap, cached=False)
     return cap
 
 
@@ -228,4 +268,4 @@ def knee_ratio_ci(base: Mapping[float, Sequence[bool]], treated: Mapping[float, 
 
 
 __all__ = ["DEFAULT_TARGET", "Capacity", "cache_path", "goodput_knee", "knee_ratio_ci", "measure_capacity",
-           "sweep_rates"]
+           "probe_capacity", "sweep_rates"]

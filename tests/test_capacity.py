@@ -14,6 +14,7 @@ from lab_utils.capacity import (
     goodput_knee,
     knee_ratio_ci,
     measure_capacity,
+    probe_capacity,
     sweep_rates,
 )
 from lab_utils.client import RequestSpec
@@ -63,6 +64,36 @@ def test_rates_span_light_load_to_past_saturation():
         cap.rates(1)
     with pytest.raises(ValueError):
         cap.fraction(0)
+
+
+def test_a_sweep_from_the_synchronous_run_places_its_poisson_rates_above_it():
+    cap = Capacity(sync_e2e_s=0.5, max_rate=5.0, concurrency=8, requests=16, seconds=3)
+    # 4 points: the synchronous run at 2 req/s, then 3 rates evenly to 1.3 x 5 = 6.5
+    assert cap.rates_above_sync(4) == [3.5, 5.0, 6.5]
+    assert cap.rates_above_sync(2) == [6.5]
+    # Saturation below the one-at-a-time rate (batching does not pay): the
+    # rates still rise from it, to 1.3 x 4 req/s.
+    slow = Capacity(sync_e2e_s=0.25, max_rate=2.0, concurrency=8, requests=16, seconds=3)
+    assert slow.rates_above_sync(3) == [4.6, 5.2]
+    with pytest.raises(ValueError):
+        cap.rates_above_sync(1)
+
+
+def test_the_probe_returns_its_two_runs_for_a_sweep_to_keep(fake):
+    phases = []
+
+    def run(specs, load, phase):
+        from lab_utils.client import Client
+        phases.append((phase, len(specs)))
+        return Client.for_engine(_engine(fake)).run(specs, load, label=phase, progress=False)
+
+    cap, seq, sat = probe_capacity(_engine(fake), _specs, workload="one-token", sequential=5,
+                                   requests=12, concurrency=4, run=run, progress=False)
+    assert phases == [("sequential", 5), ("saturated", 12)]
+    assert len(seq.records) == 5 and all(r.ok for r in seq.records)
+    assert len(sat.records) == 12 and fake.max_in_flight == 4
+    assert cap.sync_rate == pytest.approx(1 / SLOT_S, rel=0.3)
+    assert cap.max_rate == pytest.approx(SLOTS / SLOT_S, rel=0.3)
 
 
 def test_knee_interpolates_where_the_met_share_crosses_the_target():

@@ -156,6 +156,21 @@ def test_a_knee_no_request_defines_is_noted_with_that_reason_not_as_an_arm_missi
     assert results.data["notes"][-1].endswith("(an arm did not run here)")
 
 
+def test_a_kneeless_arm_sent_one_at_a_time_is_named_so():
+    # The sweep's first point is the synchronous run (load "synchronous"):
+    # the reason names it, not a Poisson rate.
+    met = {("baseline", 0.3, "synchronous"): [0, 0, 0, 0], ("baseline", 0.6, "poisson"): [0, 0, 0, 0],
+           ("combined", 0.4, "synchronous"): [1, 1, 1, 1], ("combined", 0.8, "poisson"): [1, 0, 0, 0]}
+    sweep = pd.DataFrame([{"arm": a, "rate": r, "load": load, "slo_met_fraction": sum(v) / len(v),
+                           "goodput": r * sum(v) / len(v), "prefix_cache_hit_rate": 0.9,
+                           "spec_acceptance": 0.5} for (a, r, load), v in met.items()])
+    requests = pd.DataFrame([{"arm": a, "rate": r, "slo_met": bool(x)}
+                             for (a, r, _), v in met.items() for x in v])
+    knee = combo.findings(sweep, ["prefix caching"], requests)[0]
+    assert knee["why_missing"].startswith("none of the baseline arm's requests sent one at a "
+                                          "time (0.3 req/s) met the SLO")
+
+
 def test_knees_say_when_the_sweep_never_passed_the_knee():
     sweep = pd.DataFrame({"arm": ["a", "a"], "rate": [1.0, 2.0], "slo_met_fraction": [1.0, 1.0]})
     k = combo.knees(sweep)

@@ -478,7 +478,9 @@ def test_12_sweeps_each_arm_from_its_measured_capacity_to_past_it(smoke_results)
     caps = list(data.get("capacity", {}).values())
     assert len(caps) == len(data["plan"]["arms"]) - len(data.get("skipped_arms", {}))
     assert all(cap["max_rate"] > 0 and cap["sync_rate"] > 0 for cap in caps)
-    # Each arm's sweep starts below its idle rate and ends past its saturation.
+    # Each arm's sweep starts with its synchronous run (the capacity probe's,
+    # the sweep's requests per rate one at a time), then Poisson rates above
+    # its idle rate, ending past its saturation.
     swept = {}
     for label in data["arms"]:
         if ",rate=" in label:
@@ -488,7 +490,11 @@ def test_12_sweeps_each_arm_from_its_measured_capacity_to_past_it(smoke_results)
     engines = {e["arm"]: e["label"] for e in data["engines"]}
     for arm, rates in swept.items():
         cap = by_engine[engines[arm]]
-        assert min(rates) < min(cap["sync_rate"], cap["max_rate"]), (arm, rates, cap)
+        sync = data["arms"][f"{arm},synchronous"]
+        assert sync["load"] == "sequential x1", sync["load"]
+        assert sync["summary"]["requests"] == data["parameters"]["requests_per_rate"], sync["summary"]
+        assert len(rates) == data["parameters"]["sweep_points"] - 1, rates
+        assert min(rates) > cap["sync_rate"], (arm, rates, cap)
         assert max(rates) > cap["max_rate"], (arm, rates, cap)
     if {"baseline", "combined"} <= set(swept):
         knee = [f for f in data["findings"] if f["metric"].startswith("goodput knee")]

@@ -22,10 +22,9 @@ from ..article_table import checklist_table
 from ..capacity import (
     DEFAULT_TARGET,
     Capacity,
-    cache_path,
     goodput_knee,
     knee_ratio_ci,
-    measure_capacity,
+    probe_capacity,
 )
 from ..client import Load, RequestSpec
 from ..metrics import SLO
@@ -176,40 +175,63 @@ def mixed_workload(n: int, *, seed: int = 0, long_share: float = 0.15,
     return specs
 
 
+def _sweep_point(arm: str, rate: float, load: str, run, slo: SLO
+                 ) -> tuple[dict[str, Any], pd.DataFrame]:
+    """One point of a goodput sweep: its row, and its requests with `slo_met`."""
+    s = run.summary(slo)
+    row = {"arm": arm, "rate": rate, "load": load, "goodput": s["goodput"],
+           "slo_met_fraction": s["slo_met_fraction"],
+           "ttft_ms_median": s["ttft_ms_median"], "ttft_ms_p99": s["ttft_ms_p99"],
+           "tpot_ms_median": s["tpot_ms_median"], "tpot_ms_p99": s["tpot_ms_p99"],
+           "prefix_cache_hit_rate": run.counters["prefix_cache_hit_rate"],
+           "spec_acceptance": run.counters["spec_decode_acceptance_rate"],
+           "preemptions": run.counters["preemptions"]}
+    return row, run.frame().assign(arm=arm, rate=rate,
+                                   slo_met=[slo.met(r) for r in run.records])
+
+
 def goodput_sweep(engine, arm: str, rates: Sequence[float], requests_per_rate: int, *,
                   seed: int = 0, slo: SLO | None = None, results: Results | None = None,
-                  progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  progress: bool = True, synchronous: tuple[float, Any] | None = None
+                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The mixed workload at each Poisson request rate: (one row per rate,
-    one row per request, with `slo_met`)."""
+    one row per request, with `slo_met`). `synchronous` = (its rate, its run):
+    the capacity probe's one-at-a-time run, the sweep's first point."""
     slo = slo or SLO()
-    rows, frames = [], []
+    points = []
+    if synchronous is not None:
+        points.append(_sweep_point(arm, synchronous[0], "synchronous", synchronous[1], slo))
     for rate in rates:
         # Other text at each rate (no prefix-cache hits across rates), the same
         # mix of request kinds: the curve shows load, not a different workload.
         specs = mixed_workload(requests_per_rate, seed=seed + int(rate * 1000), mix_seed=seed)
         run = measure(engine, specs, Load.poisson(rate, seed=seed), label=f"{arm},rate={rate}",
                       results=results, slo=slo, progress=progress)
-        s = run.summary(slo)
-        rows.append({"arm": arm, "rate": rate, "goodput": s["goodput"],
-                     "slo_met_fraction": s["slo_met_fraction"],
-                     "ttft_ms_median": s["ttft_ms_median"], "ttft_ms_p99": s["ttft_ms_p99"],
-                     "tpot_ms_median": s["tpot_ms_median"], "tpot_ms_p99": s["tpot_ms_p99"],
-                     "prefix_cache_hit_rate": run.counters["prefix_cache_hit_rate"],
-                     "spec_acceptance": run.counters["spec_decode_acceptance_rate"],
-                     "preemptions": run.counters["preemptions"]})
-        frames.append(run.frame().assign(arm=arm, rate=rate,
-                                         slo_met=[slo.met(r) for r in run.records]))
-    return pd.DataFrame(rows), pd.concat(frames, ignore_index=True)
+        points.append(_sweep_point(arm, rate, "poisson", run, slo))
+    return (pd.DataFrame([row for row, _ in points]),
+            pd.concat([frame for _, frame in points], ignore_index=True))
 
 
-def arm_capacity(ctx, engine, *, seed: int = 0, budget_s: float = 90.0,
-                 progress: bool = True) -> Capacity:
+def arm_capacity(ctx, engine, arm: str, *, seed: int = 0, budget_s: float = 90.0,
+                 sequential: int = 8, progress: bool = True) -> tuple[Capacity, Any]:
     """The engine's capacity on the mixed workload (`lab_utils.capacity`:
-    one request at a time, then 8 in flight), cached in this run's results."""
-    return measure_capacity(engine, lambda n, s: mixed_workload(n, seed=seed + s),
-                            workload=f"12 mixed workload, seed {seed}", budget_s=budget_s,
-                            cache=cache_path(ctx.results), results=ctx.results,
-                            progress=progress)
+    `sequential` requests one at a time, then 8 in flight), and its
+    one-at-a-time run, kept as the sweep's first point: recorded as arm
+    `<arm>,synchronous` with its counters. The mix of request kinds is the
+    sweep's (`mix_seed`), the text another."""
+    slo = SLO()
+
+    def run(specs, load, phase):
+        label = f"{arm},synchronous" if phase == "sequential" else f"{arm},saturated"
+        return measure(engine, specs, load, label=label, results=ctx.results, slo=slo,
+                       progress=progress)
+
+    cap, seq, _ = probe_capacity(engine, lambda n, s: mixed_workload(n, seed=seed + s,
+                                                                     mix_seed=seed),
+                                 workload=f"12 mixed workload, seed {seed}", budget_s=budget_s,
+                                 sequential=sequential, run=run, results=ctx.results,
+                                 progress=progress)
+    return cap, seq
 
 
 def sweep_arms(ctx, rates: Sequence[float], requests_per_rate: int, *, points: int = 4,
@@ -217,22 +239,29 @@ def sweep_arms(ctx, rates: Sequence[float], requests_per_rate: int, *, points: i
                ) -> tuple[pd.DataFrame | None, pd.DataFrame | None, dict[str, Capacity]]:
     """`goodput_sweep` on each arm of the plan, the combined arm first so the
     baseline engine is still up for the cross-check after it. With `rates`
-    empty, each arm's rates are placed from its own measured capacity
-    (`points` rates from light load to past saturation): the curve then spans
-    its knee on any machine. Returns (one row per arm and rate, one row per
-    request, each arm's capacity); None frames when no arm ran."""
+    empty, each arm's sweep is placed from its own measured capacity, as
+    GuideLLM's `sweep` places it: its first point is the capacity probe's
+    synchronous run (`requests_per_rate` requests one at a time: the lightest
+    load), then `points - 1` Poisson rates evenly above it up to 1.3x the
+    saturation throughput: the curve then spans its knee on any machine.
+    Returns (one row per arm and point, one row per request, each arm's
+    capacity); None frames when no arm ran."""
     order = [a for a in (COMBINED, BASELINE) if a in ctx.plan.names]
     capacities: dict[str, Capacity] = {}
 
     def one(a, engine):
-        grid = list(rates)
-        if not grid:
-            cap = capacities[a.name] = arm_capacity(ctx, engine, seed=seed, budget_s=budget_s,
-                                                    progress=progress)
-            grid = cap.rates(points)
-            print(f"[{a.name}] {cap.describe()}\n[{a.name}] rates: {grid} req/s")
+        if rates:
+            return goodput_sweep(engine, a.name, list(rates), requests_per_rate, seed=seed,
+                                 results=ctx.results, progress=progress)
+        cap, sync = arm_capacity(ctx, engine, a.name, seed=seed, budget_s=budget_s,
+                                 sequential=requests_per_rate, progress=progress)
+        capacities[a.name] = cap
+        grid = cap.rates_above_sync(points)
+        print(f"[{a.name}] {cap.describe()}\n[{a.name}] sweep: one at a time "
+              f"({cap.sync_rate:.3g} req/s), then Poisson {grid} req/s")
         return goodput_sweep(engine, a.name, grid, requests_per_rate, seed=seed,
-                             results=ctx.results, progress=progress)
+                             results=ctx.results, progress=progress,
+                             synchronous=(float(f"{cap.sync_rate:.3g}"), sync))
 
     got = arms.run(ctx, order, one)
     if not got:
@@ -291,9 +320,15 @@ def findings(sweep: pd.DataFrame | None, chosen: Sequence[str],
     if bound:
         why += f"; {' and '.join(bound)}: every rate met the SLO, the knee is a lower bound"
     slo = SLO()
-    kneeless = [f"none of the {a} arm's requests at its lightest rate "
-                f"({min(sweep[sweep.arm == a].rate):g} req/s) met the SLO (TTFT <= {slo.ttft_s:g} s,"
-                f" TPOT <= {slo.tpot_s * 1e3:g} ms)" for a in (BASELINE, COMBINED)
+
+    def lightest(a: str) -> str:
+        g = sweep[sweep.arm == a].sort_values("rate")
+        one_at_a_time = "load" in g and g.load.iloc[0] == "synchronous"
+        return (f"{'sent one at a time' if one_at_a_time else 'at its lightest rate'} "
+                f"({g.rate.iloc[0]:g} req/s)")
+
+    kneeless = [f"none of the {a} arm's requests {lightest(a)} met the SLO (TTFT <= "
+                f"{slo.ttft_s:g} s, TPOT <= {slo.tpot_s * 1e3:g} ms)" for a in (BASELINE, COMBINED)
                 if math.isnan(k.loc[a, "knee_rate"])]
     extra_missing = ({"why_missing": "; ".join(kneeless) + ": no knee to compare"}
                      if kneeless else {})
