@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import functools
 import json
 import os
 import sys
@@ -74,6 +75,30 @@ def kernel_config():
     from traitlets.config import Config
     return Config({"KernelManager": {"transport_encryption": "auto"}} if zmq.has("curve")
                   else {})
+
+
+@functools.cache
+def kernel_manager_class():
+    """jupyter_client's `AsyncKernelManager`, except that shutting a kernel down
+    does not interrupt it first. jupyter_client sends SIGINT before every
+    shutdown request; papermill shuts the kernel down as soon as the reply to
+    its last request (`kernel_info`) arrives, and a kernel still finishing
+    that request's handler takes the signal there and logs
+    "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel." into the
+    run's progress line, though every cell ran. The kernels runall shuts down
+    are idle (all cells ran, or one failed), and a kernel that does not stop
+    on the request is killed after jupyter_client's `shutdown_wait_time`;
+    engines the notebook started stop with it (PR_SET_PDEATHSIG, and runall
+    checks for orphans)."""
+    from jupyter_client import AsyncKernelManager
+
+    class ShutdownWithoutInterrupt(AsyncKernelManager):
+        async def _async_interrupt_kernel(self) -> None:
+            if self.shutting_down:
+                return
+            await super()._async_interrupt_kernel()
+
+    return ShutdownWithoutInterrupt
 
 
 def notebook_input(path: Path, profile, params: dict | None = None):
@@ -230,7 +255,8 @@ def _run_each(todo, status, run_dir, target, params_for, save_status, notebooks_
             pm.execute_notebook(source, str(output),
                                 parameters=params, kernel_name="python3",
                                 cwd=str(notebooks_dir), progress_bar=False,
-                                report_mode=False, config=kernel_config())
+                                report_mode=False, config=kernel_config(),
+                                kernel_manager_class=kernel_manager_class())
             entry["status"] = "ok"
             why = nothing_measured(run_dir / "results", path.stem)
             if why is not None:  # it ran, but every arm was skipped: never "ok"
