@@ -11,10 +11,9 @@ for a workload before it places rates:
 * **saturation**: `concurrency` requests in flight until `requests` have
   finished; `max_rate` = finished requests per second is its throughput.
 
-`Capacity.rates(k)` places k Poisson rates from light load to saturation (and
-past it: `beyond`); `Capacity.rates_above_sync(k)` the k-1 Poisson rates of a
-sweep whose first point is the synchronous run itself, as GuideLLM's is;
-`Capacity.fraction(f)` is a rate at a share of capacity.
+`Capacity.rates_above_sync(k)` places the k-1 Poisson rates of a k-point
+sweep whose first point is the synchronous run itself, as GuideLLM's is, up
+to past saturation; `Capacity.fraction(f)` is a rate at a share of capacity.
 `goodput_knee` finds the highest rate at which the share of requests meeting
 the SLO stays at or above a target share of what light load attains, and
 `knee_ratio_ci` the bootstrap interval of the ratio of two configurations'
@@ -41,14 +40,6 @@ from .client import Load, RequestSpec
 DEFAULT_TARGET = 0.9
 
 
-#: The lightest rate of a sweep, as a share of the one-at-a-time rate: half,
-#: so an engine is idle about half the time there. GuideLLM's `sweep` places
-#: its rates from the synchronous rate up. At 0.2 (until 2026-12-03) the
-#: lightest rate's 8 requests took 58-68 s of 12_checklist's 444 s in a
-#: `make run` (2-core Zen 4 guest, 2 arms), the engine idle most of that time.
-LIGHT_LOAD = 0.5
-
-
 @dataclass(frozen=True)
 class Capacity:
     """Two measured points of one engine on one workload."""
@@ -71,25 +62,17 @@ class Capacity:
             raise ValueError(f"a share of capacity must be positive, got {share}")
         return share * self.max_rate
 
-    def rates(self, k: int, *, lowest: float = LIGHT_LOAD, beyond: float = 1.3) -> list[float]:
-        """`k` rates, evenly spaced from `lowest` x the synchronous rate (or
-        of saturation, whichever is lower: light load) to `beyond` x the
-        saturation throughput (past the knee), rounded to 3 significant digits."""
-        if k < 2:
-            raise ValueError(f"a sweep needs at least 2 rates, got {k}")
-        lo = lowest * min(self.sync_rate, self.max_rate)
-        hi = beyond * self.max_rate
-        if not (0 < lo < hi):
-            raise ValueError(f"no sweep between {lo:g} and {hi:g} req/s ({self})")
-        return [float(f"{r:.3g}") for r in np.linspace(lo, hi, k)]
-
     def rates_above_sync(self, k: int, *, beyond: float = 1.3) -> list[float]:
         """The Poisson rates of a `k`-point sweep whose first point is the
         synchronous run itself (at `sync_rate`): `k - 1` rates evenly spaced
         above it, up to `beyond` x the saturation throughput (past the knee),
         rounded to 3 significant digits. The synchronous run is the lightest
         load there is (no two requests overlap), measured already by the
-        capacity probe, so no Poisson rate is spent on an idle engine."""
+        capacity probe, so no Poisson rate is spent on an idle engine (the
+        one at half the one-at-a-time rate took ~54 s of 12_checklist's
+        269-s sweep cell for 2 arms in a `make run` at 3e7940a; the cell took
+        180 s this way at 4444bdd; 2-core Intel AMX guest, AVX2 kernels
+        emulated, the host faster in the second run)."""
         if k < 2:
             raise ValueError(f"a sweep needs at least 2 points, got {k}")
         lo = self.sync_rate
@@ -103,18 +86,6 @@ class Capacity:
                 f" one at a time {self.sync_rate:.3g} req/s (E2E {self.sync_e2e_s * 1e3:.0f} ms),"
                 f" saturated {self.max_rate:.3g} req/s ({self.concurrency} in flight,"
                 f" {self.requests} requests); measured in {self.seconds:.0f} s")
-
-
-def sweep_rates(capacities: Sequence[Capacity], k: int, *, lowest: float = LIGHT_LOAD,
-                beyond: float = 1.3) -> list[float]:
-    """One rate grid for several engines on the same workload (so their goodput
-    curves share the x axis): `k` rates from `lowest` x the lowest light-load
-    rate of any of them to `beyond` x the highest saturation throughput."""
-    if not capacities:
-        raise ValueError("no capacity measured: nothing to place rates for")
-    lo = min(c.rates(2, lowest=lowest, beyond=beyond)[0] for c in capacities)
-    hi = max(c.rates(2, lowest=lowest, beyond=beyond)[-1] for c in capacities)
-    return [float(f"{r:.3g}") for r in np.linspace(lo, hi, k)]
 
 
 def cache_path(results) -> Path:
@@ -268,4 +239,4 @@ def knee_ratio_ci(base: Mapping[float, Sequence[bool]], treated: Mapping[float, 
 
 
 __all__ = ["DEFAULT_TARGET", "Capacity", "cache_path", "goodput_knee", "knee_ratio_ci", "measure_capacity",
-           "probe_capacity", "sweep_rates"]
+           "probe_capacity"]

@@ -15,7 +15,6 @@ from lab_utils.capacity import (
     knee_ratio_ci,
     measure_capacity,
     probe_capacity,
-    sweep_rates,
 )
 from lab_utils.client import RequestSpec
 from lab_utils.profiles import load_profile
@@ -54,14 +53,10 @@ def test_the_time_budget_cuts_the_saturation_run(fake):
     assert cap.requests <= 10 and time.perf_counter() - t0 < 2.5
 
 
-def test_rates_span_light_load_to_past_saturation():
+def test_a_share_of_capacity_is_a_share_of_its_saturation_throughput():
     cap = Capacity(sync_e2e_s=0.5, max_rate=5.0, concurrency=8, requests=16, seconds=3)
     assert cap.sync_rate == 2.0
-    assert cap.rates(4) == [1.0, 2.83, 4.67, 6.5]        # 0.5 x 2 ... 1.3 x 5, evenly
-    assert cap.rates(4, lowest=0.2) == [0.4, 2.43, 4.47, 6.5]
     assert cap.fraction(0.5) == 2.5
-    with pytest.raises(ValueError):
-        cap.rates(1)
     with pytest.raises(ValueError):
         cap.fraction(0)
 
@@ -120,15 +115,6 @@ def test_knee_ratio_and_its_interval():
     assert lo <= ratio <= hi and hi - lo < 1.0
     ratio, lo, hi = knee_ratio_ci({1.0: [False] * 5}, treated, resamples=50)
     assert math.isnan(ratio) and math.isnan(lo)
-
-
-def test_one_grid_for_two_engines_spans_both():
-    slow = Capacity(sync_e2e_s=1.0, max_rate=2.0, concurrency=8, requests=16, seconds=3)
-    fast = Capacity(sync_e2e_s=0.5, max_rate=6.0, concurrency=8, requests=16, seconds=3)
-    # from 0.5 x 1 req/s (the slow one's idle rate) to 1.3 x 6 req/s (the fast one's throughput)
-    assert sweep_rates([slow, fast], 3) == [0.5, 4.15, 7.8]
-    with pytest.raises(ValueError):
-        sweep_rates([], 3)
 
 
 def test_the_cache_lives_beside_the_results_not_among_them(tmp_path):
