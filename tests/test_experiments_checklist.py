@@ -175,3 +175,21 @@ def test_knees_say_when_the_sweep_never_passed_the_knee():
     sweep = pd.DataFrame({"arm": ["a", "a"], "rate": [1.0, 2.0], "slo_met_fraction": [1.0, 1.0]})
     k = combo.knees(sweep)
     assert k.loc["a", "knee_rate"] == 2.0 and not k.loc["a", "passed_the_knee"]
+
+
+def test_the_summary_marks_each_arms_one_at_a_time_point():
+    import matplotlib
+    matplotlib.use("Agg")
+    table = pd.DataFrame({"technique": ["prefix caching"], "metric": ["TTFT"],
+                          "claimed": ["40-60%"], "measured": [50.0], "verdict": ["confirmed"]})
+    sweep = pd.DataFrame({"arm": ["baseline"] * 3, "rate": [0.4, 0.6, 0.8],
+                          "load": ["synchronous", "poisson", "poisson"],
+                          "goodput": [0.4, 0.5, 0.3], "slo_met_fraction": [1.0, 0.8, 0.4],
+                          "ttft_ms_p99": [900.0, 1500.0, 4000.0], "tpot_ms_p99": [40.0, 45, 60]})
+    fig = combo.summary_figure(table, sweep)
+    goodput = next(ax for ax in fig.axes if ax.get_ylabel().startswith("goodput"))
+    marked = [line for line in goodput.get_lines() if line.get_marker() == "s"]
+    assert [list(line.get_xdata()) for line in marked] == [[0.4]]
+    assert marked[0].get_label() == "baseline: one at a time"
+    claims = next(ax for ax in fig.axes if ax.get_title().startswith("The article's checklist"))
+    assert [t.get_text() for t in claims.get_legend().get_texts()][0] == "article's claim"

@@ -394,15 +394,20 @@ def summary_figure(checklist: pd.DataFrame, sweep: pd.DataFrame, crosscheck: dic
     ax.set_xlabel("improvement (%): TTFT cut, or TPOT speed-up")
     ax.set_title("The article's checklist on this machine (dots: measured; bars: claimed)")
     from matplotlib.lines import Line2D
-    ax.legend(handles=[ax.patches[0]] + [Line2D([], [], marker="o", ls="", color=c, label=k)
-                                          for k, c in colors.items()] +
-              [Line2D([], [], marker="o", ls="", color="#c0392b", label="not reproduced")],
+    from matplotlib.patches import Patch
+    dots = [Line2D([], [], marker="o", ls="", color=c, label=k) for k, c in colors.items()]
+    ax.legend(handles=[Patch(color="#c7d7ee", label="article's claim"), *dots,
+                       Line2D([], [], marker="o", ls="", color="#c0392b", label="not reproduced")],
               loc="lower right", fontsize=8)
     ax2 = fig.add_subplot(grid[1, 0])
     knee = knees(sweep) if len(sweep) and "slo_met_fraction" in sweep else pd.DataFrame()
     palette = dict(zip(sorted(set(sweep.arm)), sns.color_palette(n_colors=max(1, sweep.arm.nunique()))))
     for arm, g in sweep.groupby("arm"):
         ax2.plot(g.rate, g.goodput, "o-", color=palette[arm], label=arm)
+        sync = g[g.load == "synchronous"] if "load" in g else g.iloc[:0]
+        if len(sync):  # the capacity probe's run: requests one at a time, not Poisson
+            ax2.plot(sync.rate, sync.goodput, "s", ms=10, mfc="white", color=palette[arm],
+                     label=f"{arm}: one at a time")
         k = knee.knee_rate.get(arm, np.nan) if len(knee) else np.nan
         if np.isfinite(k):
             more = "" if knee.loc[arm, "passed_the_knee"] else " (or more)"
