@@ -193,3 +193,10 @@ def test_the_summary_marks_each_arms_one_at_a_time_point():
     assert marked[0].get_label() == "baseline: one at a time"
     claims = next(ax for ax in fig.axes if ax.get_title().startswith("The article's checklist"))
     assert [t.get_text() for t in claims.get_legend().get_texts()][0] == "article's claim"
+
+
+def test_a_sweep_with_no_rate_says_what_to_choose():
+    # Explore's rate list starts empty; pressing Run without a rate used to end
+    # in pandas' "No objects to concatenate".
+    with pytest.raises(ValueError, match="choose at least one request rate"):
+        combo.goodput_sweep(None, "baseline", [], 8)

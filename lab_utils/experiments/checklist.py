@@ -197,6 +197,8 @@ def goodput_sweep(engine, arm: str, rates: Sequence[float], requests_per_rate: i
     """The mixed workload at each Poisson request rate: (one row per rate,
     one row per request, with `slo_met`). `synchronous` = (its rate, its run):
     the capacity probe's one-at-a-time run, the sweep's first point."""
+    if not rates and synchronous is None:
+        raise ValueError("no load to sweep: choose at least one request rate (req/s)")
     slo = slo or SLO()
     points = []
     if synchronous is not None:
