@@ -386,6 +386,7 @@ import json, sys, time, torch
 shapes, threads, steps = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 dtype = getattr(torch, sys.argv[4])
 torch.set_num_threads(threads)
+F = torch.nn.functional
 from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 layers = []
 for n, k in shapes:  # distinct weights per layer: they stream from memory as in a step
@@ -394,14 +395,23 @@ for n, k in shapes:  # distinct weights per layer: they stream from memory as in
     layer.bias = None
     dispatch_cpu_unquantized_gemm(layer, remove_weight=False)  # the engine's own choice
     layers.append((layer, torch.randn(1, k).to(dtype)))
-times = []
-for _ in range(steps + 3):
+diff = max(float((layer.cpu_linear(x, layer.weight, None).float()
+                  - F.linear(x, layer.weight).float()).abs().max()
+                 / F.linear(x, layer.weight).float().abs().max()) for layer, x in layers)
+times, aten = [], []
+for _ in range(steps + 3):  # the two paths in turn, so drift of the machine hits both alike
     t0 = time.perf_counter()
     for layer, x in layers:
         layer.cpu_linear(x, layer.weight, None)
-    times.append(time.perf_counter() - t0)
-times = sorted(times[3:])
+    t1 = time.perf_counter()
+    for layer, x in layers:
+        F.linear(x, layer.weight)
+    times.append(t1 - t0)
+    aten.append(time.perf_counter() - t1)
+times, aten = sorted(times[3:]), sorted(aten[3:])
 print(json.dumps({"ms_median": times[len(times) // 2] * 1e3, "ms_min": times[0] * 1e3,
+                  "aten_ms_median": aten[len(aten) // 2] * 1e3, "aten_ms_min": aten[0] * 1e3,
+                  "max_rel_diff": diff,
                   "bytes": sum(n * k for n, k in shapes) * dtype.itemsize}))
 """
 
@@ -414,7 +424,12 @@ def decode_linears_ms(shapes: list[tuple[int, int]], threads: int, steps: int = 
     zentorch), in a fresh process with `threads` torch threads: `ms_median` and
     `ms_min` over `steps` steps, and the weight `bytes` they read. What the
     engine's forward pass cannot beat with these kernels, however little else
-    it does."""
+    it does. Beside them, in turn with them, the same products through ATen's
+    `torch.nn.functional.linear` on the same weights (`aten_ms_median`,
+    `aten_ms_min`): vLLM packs each weight for oneDNN, whose kernel is not
+    always the fastest for one row of activations. `max_rel_diff`: the largest
+    difference between the two paths' outputs, relative to the output's
+    largest value (the same product, summed in another order)."""
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype must be float32, bfloat16 or float16 (unquantized weights), "
                          f"got {dtype!r}")

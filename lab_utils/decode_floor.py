@@ -55,6 +55,10 @@ class DecodeFloor:
     #: The engine's memory on transparent huge pages (its processes' AnonHugePages,
     #: `lab_utils.huge_pages`), bytes; None where the lab cannot read it.
     engine_huge_page_bytes: int | None = None
+    #: The same products through ATen's `torch.nn.functional.linear` (median ms of
+    #: the steps, timed in turn with vLLM's): how much of the products' distance to
+    #: the floor is vLLM's GEMM for one row of activations, not the memory.
+    aten_linears_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,7 +171,7 @@ def measure(engine, *, steps: int = 21, gpu: str | None = None) -> DecodeFloor:
     shapes = facts.decode_linear_shapes()
     got = cpu_tuning.decode_linears_ms(shapes, threads, steps, dtype=dtype)
     return dataclasses.replace(floor, linears_ms=got["ms_median"], linears_min_ms=got["ms_min"],
-                    linear_count=len(shapes))
+                               aten_linears_ms=got.get("aten_ms_median"), linear_count=len(shapes))
 
 
 def engine_huge_page_bytes(engine) -> int | None:
@@ -199,6 +203,10 @@ def table(floor: DecodeFloor, tpot: pd.DataFrame) -> pd.DataFrame:
         rows.append(("the step's matrix products alone", floor.linears_ms,
                      f"{floor.linear_count} GEMMs through vLLM's CPU dispatch, "
                      f"{floor.threads} thread(s), median of the steps (min {floor.linears_min_ms:.1f} ms)"))
+    if floor.aten_linears_ms is not None:
+        rows.append(("the same products through ATen's linear", floor.aten_linears_ms,
+                     "torch.nn.functional.linear on the same weights, timed in turn with "
+                     "vLLM's: the GEMM's share of the distance to the floor"))
     if len(alone):
         median = float(alone.median())
         rows.append(("single-stream TPOT, median", median,
@@ -230,6 +238,9 @@ def finding(floor: DecodeFloor, tpot: pd.DataFrame,
         if floor.linears_ms is not None:
             mechanism += (f"; the step's {floor.linear_count} matrix products alone "
                           f"{floor.linears_ms:.1f} ms = {floor.linears_ms / floor.floor_ms:.2f}x")
+            if floor.aten_linears_ms is not None:
+                mechanism += (f" (through ATen's linear {floor.aten_linears_ms:.1f} ms = "
+                              f"{floor.aten_linears_ms / floor.floor_ms:.2f}x)")
         if floor.engine_huge_page_bytes is not None:
             mechanism += (f"; the engine's memory on huge pages "
                           f"{floor.engine_huge_page_bytes / 2**20:,.0f} MiB")

@@ -223,6 +223,10 @@ def test_decode_linears_run_through_vllms_gemm():
     got = cpu_tuning.decode_linears_ms([(64, 32), (32, 64)], threads=1, steps=3)
     assert got["bytes"] == 2 * 64 * 32 * 4
     assert 0 < got["ms_min"] <= got["ms_median"] < 1000
+    # ATen's linear, timed beside it, computes the same products: float32 sums of 32 and
+    # 64 terms in another order differ in their last bits only
+    assert 0 < got["aten_ms_min"] <= got["aten_ms_median"] < 1000
+    assert got["max_rel_diff"] < 1e-5
 
 
 def test_measurement_scripts_compute_with_the_engines_kernels(monkeypatch):
@@ -240,3 +244,4 @@ def test_measurement_scripts_compute_with_the_engines_kernels(monkeypatch):
     assert native["capability"] == ("AVX512" if cpu_facts()["isa"].get("avx512f") else "AVX2")
     bf16 = cpu_tuning.decode_linears_ms([(64, 32)], threads=1, steps=3, dtype="bfloat16")
     assert bf16["bytes"] == 64 * 32 * 2
+    assert bf16["max_rel_diff"] < 2e-2   # bfloat16 outputs: 8 bits of mantissa

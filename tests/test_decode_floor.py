@@ -22,8 +22,10 @@ def test_the_table_and_the_finding_compare_single_stream_tpot_with_the_floor():
     # 1e9 bytes at 50 GB/s: 20 ms; the requests alone 30, 40, 50 ms (median 40: 2x)
     floor = DecodeFloor(weight_bytes=10**9, dtype="float32", bandwidth_gbs=50.0,
                         bandwidth_source="measured", threads=2, floor_ms=20.0,
-                        linears_ms=25.0, linears_min_ms=24.0, linear_count=121)
+                        linears_ms=25.0, linears_min_ms=24.0, aten_linears_ms=22.0,
+                        linear_count=121)
     table = decode_floor.table(floor, tpot_frame([30.0, 40.0, 50.0]))
+    assert table.loc["the same products through ATen's linear", "x floor"] == 1.1
     assert table.loc["floor: weights / read bandwidth", "ms"] == 20.0
     assert table.loc["the step's matrix products alone", "x floor"] == 1.25
     assert table.loc["single-stream TPOT, median", "ms"] == 40.0       # the batched 100 ms left out
@@ -32,6 +34,7 @@ def test_the_table_and_the_finding_compare_single_stream_tpot_with_the_floor():
     found = decode_floor.finding(floor, tpot_frame([30.0, 40.0, 50.0]))
     assert (found["baseline"], found["treated"]) == (20.0, 40.0)
     assert "2.00x the floor" in found["mechanism"] and "1.25x" in found["mechanism"]
+    assert "through ATen's linear 22.0 ms = 1.10x" in found["mechanism"]
     results = lab.Results("00_baseline", "/tmp/lab-test-decode-floor")
     recorded = results.add_finding(**found)
     assert recorded["change_pct"] == 100.0 and recorded["decode_floor"]["threads"] == 2
