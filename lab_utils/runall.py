@@ -162,9 +162,14 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
     for sub in ("notebooks", "results", "logs"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     _point_latest(run_dir)
-    status = {"profile": profile, "base_url": base_url, "smoke": smoke,
-              "started": _dt.datetime.now().isoformat(timespec="seconds"), "finished": None,
+    from . import run_estimate
+    from .machine import fingerprint
+    same = run_estimate.key(profile, base_url, smoke, parameters,
+                            None if target.is_remote else fingerprint())
+    status = {**same, "started": _dt.datetime.now().isoformat(timespec="seconds"),
+              "finished": None,
               "notebooks": [{"name": p.stem, "status": "pending"} for p in todo]}
+    estimates = run_estimate.previous_seconds(runs_dir, same, exclude=run_dir)
 
     def save_status() -> None:
         (run_dir / "status.json").write_text(json.dumps(status, indent=2))
@@ -176,8 +181,12 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
 
     save_status()
     print(f"run folder: {run_dir}  ({len(todo)} notebooks, profile {profile})", flush=True)
+    expected = run_estimate.expected_line([p.stem for p in todo], estimates)
+    if expected:
+        print(expected, flush=True)
     with shared_engines(target, todo, params_for) as broker:
-        code = _run_each(todo, status, run_dir, target, params_for, save_status, notebooks_dir)
+        code = _run_each(todo, status, run_dir, target, params_for, save_status, notebooks_dir,
+                         estimates)
         if broker is not None:
             status["shared_engines"] = broker.describe()
     if code == 130:
@@ -238,15 +247,25 @@ def shared_engines(target, todo: list[Path], params_for):
             os.environ.pop(engine_share.SHARE_ENV, None)
 
 
-def _run_each(todo, status, run_dir, target, params_for, save_status, notebooks_dir) -> int:
-    """Each notebook in turn (papermill); 130 when interrupted, 1 if one failed."""
+def _run_each(todo, status, run_dir, target, params_for, save_status, notebooks_dir,
+              estimates=None) -> int:
+    """Each notebook in turn (papermill); 130 when interrupted, 1 if one failed.
+    `estimates`: `run_estimate.previous_seconds`, printed as each starts and ends.
+    In a terminal papermill's bar counts each notebook's cells (on the line of its
+    name, gone when it ends); a log (CI) gets one line per notebook."""
     import papermill as pm
+    from . import run_estimate
+    estimates = estimates or {}
     code = 0
     for i, (path, entry) in enumerate(zip(todo, status["notebooks"]), 1):
         params = params_for(path)
         entry["status"] = "running"
         save_status()
-        print(f"[{i}/{len(todo)}] {path.stem} ...", end=" ", flush=True)
+        name = f"[{i}/{len(todo)}] {path.stem}{run_estimate.before(path.stem, estimates)}"
+        bar = ({"desc": name, "leave": False, "unit": "cell", "file": sys.stderr}
+               if sys.stderr.isatty() else False)
+        if not bar:
+            print(f"{name} ...", end=" ", flush=True)
         t0 = time.perf_counter()
         output = run_dir / "notebooks" / path.name
         source = str(path)  # or, off the cpu profile, a notebook made for the device
@@ -254,7 +273,7 @@ def _run_each(todo, status, run_dir, target, params_for, save_status, notebooks_
             source = notebook_input(path, target, params)
             pm.execute_notebook(source, str(output),
                                 parameters=params, kernel_name="python3",
-                                cwd=str(notebooks_dir), progress_bar=False,
+                                cwd=str(notebooks_dir), progress_bar=bar,
                                 report_mode=False, config=kernel_config(),
                                 kernel_manager_class=kernel_manager_class())
             entry["status"] = "ok"
@@ -291,7 +310,9 @@ def _run_each(todo, status, run_dir, target, params_for, save_status, notebooks_
             code = 1
         save_status()
         why = f": {entry['skipped'][:200]}" if entry.get("skipped") else ""
-        print(f"{entry['status']} ({entry['seconds']} s){why}", flush=True)
+        rest = run_estimate.left([p.stem for p in todo[i:]], estimates)
+        print(f"{name} ... " if bar else "", end="")
+        print(f"{entry['status']} ({entry['seconds']} s){why}{rest}", flush=True)
     return code
 
 
