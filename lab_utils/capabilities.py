@@ -391,8 +391,11 @@ def probe(profile: Profile | str = "cpu", names: Sequence[str] | None = None, *,
     todo = [n for n in names if refresh or _stale(load_cache(path).get(n))]
     if todo:
         from tqdm.auto import tqdm
+        # a bar in a terminal; in a log (CI, make run's output) one line per candidate,
+        # not a bar's every redraw
+        tty = sys.stderr.isatty()
         bar = tqdm(total=len(todo), desc="probing what this vLLM build runs",
-                   disable=not progress)
+                   disable=not progress or not tty)
         for n in _claimed(path, todo):
             bar.set_postfix_str(n)
             # a process that waited for this candidate reads what the other one probed
@@ -402,6 +405,9 @@ def probe(profile: Profile | str = "cpu", names: Sequence[str] | None = None, *,
                     results = load_cache(path)
                     results[n] = row
                     save_cache(path, results)
+                if progress and not tty:
+                    print(f"probed what this vLLM build runs: {n}: {row.get('status')} "
+                          f"({row.get('probe_s')} s)", file=sys.stderr, flush=True)
             bar.update()
         bar.close()
     results = load_cache(path)

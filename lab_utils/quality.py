@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -98,7 +99,15 @@ def reference_scores(model_dir: str, prompt_ids: Sequence[int]) -> dict[str, np.
     the embedded model, plus ~4 s to import transformers once)."""
     import torch
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    from transformers.utils import logging as hf_logging
+    bar = hf_logging.is_progress_bar_enabled()
+    if not sys.stderr.isatty():  # its "Loading weights" bar in a log is noise (~0.1 s here)
+        hf_logging.disable_progress_bar()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     return teacher_forced(model, prompt_ids)
 
 

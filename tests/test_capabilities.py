@@ -305,3 +305,16 @@ def test_fp8_kv_probe_agrees_with_the_cpus_isa(cpu, tmp_path, monkeypatch):
         assert result["executor"] == "uni", result
     else:
         assert result["status"] == "fails" and "AVX-512" in result["reason"], result
+
+
+def test_in_a_log_the_probe_prints_a_line_per_candidate_not_a_bar(cpu, tmp_path, monkeypatch,
+                                                                    capfd):
+    # pytest's captured stderr is no terminal, as make run's output in a CI log
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cap, "probe_one", lambda profile, c, log_dir: {
+        "status": "fails" if c.name == "kv_fp8" else "ok", "probe_s": 1.5})
+    cap.probe(cpu, ["float32", "kv_fp8"])
+    err = capfd.readouterr().err
+    assert err.splitlines() == ["probed what this vLLM build runs: float32: ok (1.5 s)",
+                                "probed what this vLLM build runs: kv_fp8: fails (1.5 s)"], err
+    assert "\r" not in err

@@ -133,3 +133,19 @@ def test_output_identity_pairs_requests_by_the_given_keys():
     assert ident.first_difference.iloc[1] == 2          # "xyz" vs "xyq"
     summary = identity_summary(ident, by=("arm", "tenant"))
     assert summary.loc[("new", 1)].tolist() == [2, 1]
+
+
+def test_the_reference_model_loads_without_a_bar_in_a_log(capfd):
+    # transformers draws a "Loading weights" bar as it loads; in a log (stderr no
+    # terminal, as under pytest or make run) it is left out, and turned on again after
+    from transformers.utils import logging as hf_logging
+    from lab_utils.model import embedded_model_dir
+    from lab_utils.workloads import local_tokenizer
+    model_dir = embedded_model_dir()
+    if not (model_dir / "config.json").is_file():
+        pytest.skip("the embedded model is not converted (make setup)")
+    ids = local_tokenizer(str(model_dir)).encode("The capital of France is Paris.")
+    scores = quality.reference_scores(str(model_dir), ids)
+    assert len(scores["logprobs"]) == len(ids) - 1   # every token after the first, scored
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()
