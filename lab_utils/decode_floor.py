@@ -200,11 +200,11 @@ def table(floor: DecodeFloor, tpot: pd.DataFrame) -> pd.DataFrame:
                      floor.floor_ms, f"{floor.weight_bytes / 2**20:,.0f} MiB of {floor.dtype} "
                      f"weights / {floor.bandwidth_gbs:.1f} GB/s ({floor.bandwidth_source})"))
     if floor.linears_ms is not None:
-        rows.append(("the step's matrix products alone", floor.linears_ms,
+        rows.append(("the step's matrix products alone, vLLM's GEMM", floor.linears_ms,
                      f"{floor.linear_count} GEMMs through vLLM's CPU dispatch, "
                      f"{floor.threads} thread(s), median of the steps (min {floor.linears_min_ms:.1f} ms)"))
     if floor.aten_linears_ms is not None:
-        rows.append(("the same products through ATen's linear", floor.aten_linears_ms,
+        rows.append(("the same products alone, ATen's linear", floor.aten_linears_ms,
                      "torch.nn.functional.linear on the same weights, timed in turn with "
                      "vLLM's: the GEMM's share of the distance to the floor"))
     if len(alone):

@@ -25,9 +25,9 @@ def test_the_table_and_the_finding_compare_single_stream_tpot_with_the_floor():
                         linears_ms=25.0, linears_min_ms=24.0, aten_linears_ms=22.0,
                         linear_count=121)
     table = decode_floor.table(floor, tpot_frame([30.0, 40.0, 50.0]))
-    assert table.loc["the same products through ATen's linear", "x floor"] == 1.1
+    assert table.loc["the same products alone, ATen's linear", "x floor"] == 1.1
     assert table.loc["floor: weights / read bandwidth", "ms"] == 20.0
-    assert table.loc["the step's matrix products alone", "x floor"] == 1.25
+    assert table.loc["the step's matrix products alone, vLLM's GEMM", "x floor"] == 1.25
     assert table.loc["single-stream TPOT, median", "ms"] == 40.0       # the batched 100 ms left out
     assert table.loc["single-stream TPOT, median", "x floor"] == 2.0
     assert table.loc["TPOT median beyond the matrix products", "ms"] == 15.0
