@@ -395,9 +395,10 @@ for n, k in shapes:  # distinct weights per layer: they stream from memory as in
     layer.bias = None
     dispatch_cpu_unquantized_gemm(layer, remove_weight=False)  # the engine's own choice
     layers.append((layer, torch.randn(1, k).to(dtype)))
-diff = max(float((layer.cpu_linear(x, layer.weight, None).float()
-                  - F.linear(x, layer.weight).float()).abs().max()
-                 / F.linear(x, layer.weight).float().abs().max()) for layer, x in layers)
+def rel_diff(layer, x):
+    ours, ref = layer.cpu_linear(x, layer.weight, None).float(), F.linear(x, layer.weight).float()
+    return float((ours - ref).abs().max() / ref.abs().max())
+diff = max(rel_diff(layer, x) for layer, x in layers)
 times, aten = [], []
 for _ in range(steps + 3):  # the two paths in turn, so drift of the machine hits both alike
     t0 = time.perf_counter()

@@ -171,7 +171,7 @@ def measure(engine, *, steps: int = 21, gpu: str | None = None) -> DecodeFloor:
     shapes = facts.decode_linear_shapes()
     got = cpu_tuning.decode_linears_ms(shapes, threads, steps, dtype=dtype)
     return dataclasses.replace(floor, linears_ms=got["ms_median"], linears_min_ms=got["ms_min"],
-                               aten_linears_ms=got.get("aten_ms_median"), linear_count=len(shapes))
+                               aten_linears_ms=got["aten_ms_median"], linear_count=len(shapes))
 
 
 def engine_huge_page_bytes(engine) -> int | None:

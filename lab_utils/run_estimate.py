@@ -29,10 +29,6 @@ def key(profile: str, base_url: str, smoke: bool, parameters: Mapping[str, Any] 
          "parameters": dict(parameters or {}), "machine": machine}, default=str))
 
 
-def _matches(status: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
-    return all(status.get(k, {} if k == "parameters" else None) == v for k, v in want.items())
-
-
 def previous_seconds(runs_dir: Path, want: Mapping[str, Any], exclude: Path | None = None
                      ) -> dict[str, tuple[float, str]]:
     """Each notebook's seconds in the newest run under `runs_dir` (other than
@@ -48,7 +44,7 @@ def previous_seconds(runs_dir: Path, want: Mapping[str, Any], exclude: Path | No
             status = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # a run folder being written, or not the lab's
-        if not _matches(status, want):
+        if any(status.get(k) != v for k, v in want.items()):
             continue
         for entry in status.get("notebooks", []):
             if entry.get("status") == "ok" and entry.get("seconds") is not None:

@@ -27,6 +27,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from . import run_estimate
 from .paths import NOTEBOOKS_DIR, RUNS_DIR, notebooks
 from .report import build_index
 
@@ -162,7 +163,6 @@ def run_all(profile: str = "cpu", base_url: str = "", only: list[str] | None = N
     for sub in ("notebooks", "results", "logs"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     _point_latest(run_dir)
-    from . import run_estimate
     from .machine import fingerprint
     same = run_estimate.key(profile, base_url, smoke, parameters,
                             None if target.is_remote else fingerprint())
@@ -254,7 +254,6 @@ def _run_each(todo, status, run_dir, target, params_for, save_status, notebooks_
     In a terminal papermill's bar counts each notebook's cells (on the line of its
     name, gone when it ends); a log (CI) gets one line per notebook."""
     import papermill as pm
-    from . import run_estimate
     estimates = estimates or {}
     code = 0
     for i, (path, entry) in enumerate(zip(todo, status["notebooks"]), 1):
